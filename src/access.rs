@@ -1,0 +1,216 @@
+//! Access grants: the typed result of `cuMemSetAccess`, the only source of views of mapped memory.
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use bytemuck::Pod;
+
+use crate::device::{Context, Device};
+use crate::error::Error;
+use crate::sys;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The protection a grant gives: [`ReadWrite`] or [`ReadOnly`]. Sealed: the driver has no other mode a
+/// view could use.
+pub trait AccessMode: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static {
+    /// The `CUmemAccess_flags` value.
+    #[doc(hidden)]
+    const FLAGS: u32;
+    /// The mode's name, for `Debug`.
+    #[doc(hidden)]
+    const NAME: &'static str;
+}
+
+/// Read and write access (`CU_MEM_ACCESS_FLAGS_PROT_READWRITE`): views may be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReadWrite;
+
+/// Read-only access (`CU_MEM_ACCESS_FLAGS_PROT_READ`): views have no write methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReadOnly;
+
+impl sealed::Sealed for ReadWrite {}
+impl sealed::Sealed for ReadOnly {}
+impl AccessMode for ReadWrite {
+    const FLAGS: u32 = sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const NAME: &'static str = "ReadWrite";
+}
+impl AccessMode for ReadOnly {
+    const FLAGS: u32 = sys::CU_MEM_ACCESS_FLAGS_PROT_READ;
+    const NAME: &'static str = "ReadOnly";
+}
+
+/// The contexts a grant was made for: one (the common case, without a slice to keep alive) or several.
+#[derive(Clone, Copy)]
+pub(crate) enum Contexts<'a> {
+    One(&'a Context),
+    Many(&'a [&'a Context]),
+}
+
+impl<'a> Contexts<'a> {
+    pub(crate) fn iter(self) -> impl Iterator<Item = &'a Context> {
+        let (one, many): (Option<&'a Context>, &'a [&'a Context]) = match self {
+            Contexts::One(c) => (Some(c), &[]),
+            Contexts::Many(cs) => (None, cs),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+
+    fn first(self) -> &'a Context {
+        match self {
+            Contexts::One(c) => c,
+            // `grant_all` refuses an empty list, so `Many` holds at least one context.
+            Contexts::Many(cs) => cs[0],
+        }
+    }
+}
+
+/// Access to a [`Mapping`](crate::Mapping) granted to one or more devices, in mode `M`.
+///
+/// Made by [`Mapping::grant`](crate::Mapping::grant) and [`Mapping::grant_all`](crate::Mapping::grant_all).
+/// It is the only way to a view or to the mapped address, so nothing can touch mapped memory before the
+/// driver allows it. A `ReadOnly` grant gives only [`DeviceSlice`]s, which have no write methods.
+///
+/// # Lifetimes
+/// `'a` covers both the mutable borrow of the mapping and the borrow of the granted context(s): views
+/// cannot outlive the mapping, and the context their copies run in stays retained.
+pub struct Access<'a, M: AccessMode> {
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    contexts: Contexts<'a>,
+    /// The mode, at the type level only.
+    _mode: PhantomData<M>,
+}
+
+impl<M: AccessMode> fmt::Debug for Access<'_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Access")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("mode", &M::NAME)
+            .field(
+                "devices",
+                &self
+                    .contexts
+                    .iter()
+                    .map(Context::device)
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl<'a, M: AccessMode> Access<'a, M> {
+    pub(crate) fn new(
+        ptr: sys::CUdeviceptr,
+        size: usize,
+        contexts: Contexts<'a>,
+        _mode: M,
+    ) -> Access<'a, M> {
+        Access {
+            ptr,
+            size,
+            contexts,
+            _mode: PhantomData,
+        }
+    }
+
+    /// The size of the granted range in bytes.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The devices the grant covers, in the order given.
+    #[must_use]
+    pub fn devices(&self) -> Vec<Device> {
+        self.contexts.iter().map(Context::device).collect()
+    }
+
+    /// The mapped address, for driver calls and kernels this crate does not wrap.
+    ///
+    /// An escape hatch that owns nothing: it is a number, no constructor of this crate turns it into an
+    /// owning buffer, and nothing frees it. It is valid for the devices of this grant while `self` lives.
+    #[must_use]
+    pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The whole granted range as a read-only slice of `T`, copied through the first granted context.
+    ///
+    /// # Errors
+    /// [`Error::NotWholeElements`] where the size is not a whole number of `T`s (or `T` is zero-sized).
+    pub fn slice<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, Error> {
+        self.slice_through(self.contexts.first())
+    }
+
+    /// As [`slice`](Access::slice), with copies made through the context of `device`, which must be one
+    /// of the granted devices.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] where `device` is not granted; as [`slice`](Access::slice) otherwise.
+    pub fn slice_on<T: Pod>(&self, device: Device) -> Result<DeviceSlice<'_, T>, Error> {
+        self.slice_through(self.context_of(device)?)
+    }
+
+    fn context_of(&self, device: Device) -> Result<&'a Context, Error> {
+        self.contexts
+            .iter()
+            .find(|c| c.device() == device)
+            .ok_or(Error::DeviceMismatch {
+                expected: self.contexts.first().device().as_raw(),
+                found: device.as_raw(),
+            })
+    }
+
+    fn slice_through<T: Pod>(&self, context: &'a Context) -> Result<DeviceSlice<'_, T>, Error> {
+        let len = elements::<T>(self.size)?;
+        // `[ptr, ptr + size)` is mapped and granted to `context`'s device for as long as `self` is borrowed.
+        Ok(DeviceSlice::from_granted(self.ptr, len, context))
+    }
+}
+
+impl<'a> Access<'a, ReadWrite> {
+    /// The whole granted range as a writable slice of `T`, copied through the first granted context.
+    ///
+    /// # Errors
+    /// [`Error::NotWholeElements`] where the size is not a whole number of `T`s (or `T` is zero-sized).
+    pub fn slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, Error> {
+        let context = self.contexts.first();
+        self.slice_mut_through(context)
+    }
+
+    /// As [`slice_mut`](Access::slice_mut), with copies made through the context of `device`.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] where `device` is not granted; as [`slice_mut`](Access::slice_mut)
+    /// otherwise.
+    pub fn slice_mut_on<T: Pod>(&mut self, device: Device) -> Result<DeviceSliceMut<'_, T>, Error> {
+        let context = self.context_of(device)?;
+        self.slice_mut_through(context)
+    }
+
+    fn slice_mut_through<T: Pod>(
+        &mut self,
+        context: &'a Context,
+    ) -> Result<DeviceSliceMut<'_, T>, Error> {
+        let len = elements::<T>(self.size)?;
+        Ok(DeviceSliceMut::from_granted(self.ptr, len, context))
+    }
+}
+
+/// How many `T`s fill `bytes` exactly.
+pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
+    let element_size = size_of::<T>();
+    if element_size == 0 || !bytes.is_multiple_of(element_size) {
+        return Err(Error::NotWholeElements {
+            bytes,
+            element_size,
+        });
+    }
+    Ok(bytes / element_size)
+}

@@ -1,0 +1,145 @@
+//! Ordinary device allocations: `cuMemAlloc` / `cuMemFree`.
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use bytemuck::Pod;
+
+use crate::device::Context;
+use crate::error::{Error, check};
+use crate::sys;
+use crate::view::{DeviceSlice, DeviceSliceMut};
+
+/// `len` values of `T` in memory from `cuMemAlloc`, freed with `cuMemFree` on drop.
+///
+/// The buffer's memory always comes from its own `cuMemAlloc`: there is no constructor from a raw
+/// address, so a VMM address (owned by a mapping, reservation and physical allocation) can never be
+/// wrapped in a buffer that would `cuMemFree` it.
+///
+/// # Lifetimes
+/// `'ctx` is the borrow of the context the memory was allocated in; it stays retained while the buffer
+/// lives.
+pub struct DeviceBuffer<'ctx, T: Pod> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    context: &'ctx Context,
+    /// Owns `len` values of `T`: `Send`/`Sync` as `T` is (plain data always is).
+    _data: PhantomData<T>,
+}
+
+impl<T: Pod> fmt::Debug for DeviceBuffer<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("device", &self.context.device())
+            .finish()
+    }
+}
+
+impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
+    /// `cuMemAlloc` — allocate `len` values of `T` on `context`'s device, zero-filled.
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] where the byte size overflows; the driver's error otherwise (e.g.
+    /// [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY)).
+    #[doc(alias = "cuMemAlloc")]
+    pub fn zeroed(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
+        let mut buffer = DeviceBuffer::uninit_zeroable(context, len)?;
+        if len > 0 {
+            buffer
+                .as_mut_slice()
+                .copy_from_host(&vec![T::zeroed(); len])?;
+        }
+        Ok(buffer)
+    }
+
+    /// `cuMemAlloc` + `cuMemcpyHtoD` — a buffer holding a copy of `data`.
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::zeroed`].
+    #[doc(alias = "cuMemAlloc")]
+    pub fn from_host(context: &'ctx Context, data: &[T]) -> Result<DeviceBuffer<'ctx, T>, Error> {
+        let mut buffer = DeviceBuffer::uninit_zeroable(context, data.len())?;
+        buffer.as_mut_slice().copy_from_host(data)?;
+        Ok(buffer)
+    }
+
+    /// Allocates without initialising. The bytes are unspecified but any bytes are a valid `T` (`Pod`),
+    /// and device memory is never read as Rust memory without a copy.
+    fn uninit_zeroable(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::Overflow {
+            what: "buffer size",
+        })?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        if bytes > 0 {
+            context.bind_to_thread()?;
+            // SAFETY: `ptr` is writable for the call; a context is current (bound just above).
+            check(unsafe { sys::cuMemAlloc_v2(&raw mut ptr, bytes) })?;
+        }
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            context,
+            _data: PhantomData,
+        })
+    }
+
+    /// The number of elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The context the memory belongs to.
+    #[must_use]
+    pub fn context(&self) -> &'ctx Context {
+        self.context
+    }
+
+    /// A read-only view of the whole buffer.
+    #[must_use]
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        DeviceSlice::from_granted(self.ptr, self.len, self.context)
+    }
+
+    /// A writable view of the whole buffer.
+    #[must_use]
+    pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
+        DeviceSliceMut::from_granted(self.ptr, self.len, self.context)
+    }
+
+    /// `cuMemFree` — free the buffer and report the driver's answer, which `drop` ignores.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemFree")]
+    pub fn free(self) -> Result<(), Error> {
+        let this = core::mem::ManuallyDrop::new(self);
+        this.free_raw()
+    }
+
+    fn free_raw(&self) -> Result<(), Error> {
+        if self.ptr == 0 {
+            return Ok(());
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once (`free` skips `drop`).
+        // Every view borrows the buffer, so none is alive; their copies finished before they returned.
+        Ok(check(unsafe { sys::cuMemFree_v2(self.ptr) })?)
+    }
+}
+
+impl<T: Pod> Drop for DeviceBuffer<'_, T> {
+    fn drop(&mut self) {
+        // The error is ignored: `drop` cannot return it, and memory the driver refuses to free cannot be
+        // freed later. Call `free` to see it.
+        let _ = self.free_raw();
+    }
+}

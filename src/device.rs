@@ -1,0 +1,284 @@
+//! Driver entry: initialisation, devices and their primary contexts.
+
+use core::ffi::{c_char, c_int};
+use core::fmt;
+use core::ptr;
+
+use crate::error::{DriverError, Result, check};
+use crate::sys;
+
+/// `cuInit` — initialise the driver API for this process.
+///
+/// Idempotent and cheap after the first call. Every function of this crate that needs an initialised
+/// driver calls it, so calling it yourself is only needed to learn early whether a driver is usable.
+///
+/// # Errors
+/// [`DriverError::NO_DEVICE`] where the driver library is installed but no GPU (or no kernel driver) is
+/// present; [`DriverError::STUB_LIBRARY`] where a toolkit stub was loaded instead of a driver.
+#[doc(alias = "cuInit")]
+pub fn init() -> Result<()> {
+    // SAFETY: `cuInit` takes only a flags word (which must be 0) and has no pointer arguments.
+    check(unsafe { sys::cuInit(0) })
+}
+
+/// `cuDriverGetVersion` — the CUDA version the installed driver supports, as `1000 * major + 10 * minor`
+/// (13000 for CUDA 13.0). Works without [`init`] and without a GPU.
+///
+/// # Errors
+/// The driver's error, if any.
+#[doc(alias = "cuDriverGetVersion")]
+pub fn driver_version() -> Result<i32> {
+    let mut version: c_int = 0;
+    // SAFETY: `version` is a valid, writable `c_int` for the duration of the call.
+    check(unsafe { sys::cuDriverGetVersion(&raw mut version) })?;
+    Ok(version)
+}
+
+/// A CUDA device, named by its ordinal.
+///
+/// Only [`Device::get`] and [`Device::all`] create one, after the driver confirmed that the ordinal exists,
+/// so every `Device` names a device that the driver knows.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct Device {
+    ordinal: sys::CUdevice,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.ordinal)
+    }
+}
+
+impl Device {
+    /// `cuDeviceGetCount` — the number of CUDA devices (after [`init`]).
+    ///
+    /// # Errors
+    /// [`DriverError::NO_DEVICE`] where the driver found no GPU, or any error of [`init`].
+    #[doc(alias = "cuDeviceGetCount")]
+    pub fn count() -> Result<usize> {
+        init()?;
+        let mut count: c_int = 0;
+        // SAFETY: `count` is a valid, writable `c_int` for the duration of the call.
+        check(unsafe { sys::cuDeviceGetCount(&raw mut count) })?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// `cuDeviceGet` — the device with this ordinal (after [`init`]).
+    ///
+    /// # Errors
+    /// [`DriverError::INVALID_DEVICE`] for an ordinal at or above [`Device::count`], or any error of
+    /// [`init`].
+    #[doc(alias = "cuDeviceGet")]
+    pub fn get(ordinal: usize) -> Result<Device> {
+        init()?;
+        let Ok(ordinal) = c_int::try_from(ordinal) else {
+            return Err(DriverError::INVALID_DEVICE);
+        };
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: `device` is a valid, writable `CUdevice` for the duration of the call.
+        check(unsafe { sys::cuDeviceGet(&raw mut device, ordinal) })?;
+        Ok(Device { ordinal: device })
+    }
+
+    /// Every device, in ordinal order. Empty where the driver reports no device.
+    ///
+    /// # Errors
+    /// Any error of [`init`] other than [`DriverError::NO_DEVICE`].
+    pub fn all() -> Result<Vec<Device>> {
+        match Device::count() {
+            Ok(n) => (0..n).map(Device::get).collect(),
+            Err(e) if e == DriverError::NO_DEVICE => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The device's ordinal.
+    #[must_use]
+    pub fn ordinal(self) -> usize {
+        // A `Device` is only built from an ordinal the driver accepted, which is never negative.
+        usize::try_from(self.ordinal).unwrap_or(0)
+    }
+
+    /// The raw `CUdevice`: an ordinal, which owns nothing.
+    #[must_use]
+    pub fn as_raw(self) -> sys::CUdevice {
+        self.ordinal
+    }
+
+    /// `cuDeviceGetName` — the device's name, e.g. `NVIDIA H200`.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuDeviceGetName")]
+    pub fn name(self) -> Result<String> {
+        const LEN: c_int = 256;
+        let mut buf = [0 as c_char; LEN as usize];
+        // SAFETY: `buf` is writable for `LEN` bytes; the driver writes a
+        // NUL-terminated string of at most that many bytes.
+        check(unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), LEN, self.ordinal) })?;
+        let bytes: Vec<u8> = buf
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c.cast_unsigned())
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// `cuDeviceGetAttribute` — any device attribute, by its raw `CUdevice_attribute` number.
+    ///
+    /// An integer rather than an enum, so that attributes newer than this crate can be read too.
+    ///
+    /// # Errors
+    /// [`DriverError::INVALID_VALUE`] for an attribute the driver does not know.
+    #[doc(alias = "cuDeviceGetAttribute")]
+    pub fn attribute(self, attribute: i32) -> Result<i32> {
+        let mut value: c_int = 0;
+        // SAFETY: `value` is a valid, writable `c_int` for the duration of the call.
+        check(unsafe { sys::cuDeviceGetAttribute(&raw mut value, attribute, self.ordinal) })?;
+        Ok(value)
+    }
+
+    /// Whether the device supports the virtual memory management API
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn supports_vmm(self) -> Result<bool> {
+        Ok(self.attribute(sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? != 0)
+    }
+
+    /// Whether the device shares the process's unified virtual address space
+    /// (`CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`).
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn unified_addressing(self) -> Result<bool> {
+        Ok(self.attribute(sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0)
+    }
+
+    /// The compute capability, as `(major, minor)`: `(9, 0)` for an H200.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn compute_capability(self) -> Result<(i32, i32)> {
+        Ok((
+            self.attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            self.attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
+    }
+
+    /// `cuDeviceTotalMem` — the device's memory in bytes.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuDeviceTotalMem")]
+    pub fn total_memory(self) -> Result<usize> {
+        let mut bytes = 0usize;
+        // SAFETY: `bytes` is a valid, writable `usize` (`size_t`) for the duration of the call.
+        check(unsafe { sys::cuDeviceTotalMem_v2(&raw mut bytes, self.ordinal) })?;
+        Ok(bytes)
+    }
+}
+
+/// A device's primary context, retained for as long as this value lives.
+///
+/// `cuDevicePrimaryCtxRetain` on creation, `cuDevicePrimaryCtxRelease` on drop. The primary context is
+/// the one the CUDA runtime uses too, so memory and modules are shared with runtime-based libraries.
+///
+/// Driver calls that need a current context (copies, synchronisation, memory queries) are made by this
+/// crate after `cuCtxSetCurrent` on the context they belong to. That leaves the context current on the
+/// calling thread afterwards, as the CUDA runtime does.
+pub struct Context {
+    raw: sys::CUcontext,
+    device: Device,
+}
+
+// SAFETY: a `CUcontext` is a handle to a process-wide driver object, not to thread-local state. The
+// driver API is thread-safe: a context may be made current on, and used from, any thread, also several
+// at once. `Context` exposes no interior state of its own.
+unsafe impl Send for Context {}
+// SAFETY: as for `Send`; every method takes `&self` and only passes the handle to thread-safe driver calls.
+unsafe impl Sync for Context {}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.device)
+            .field("raw", &self.raw)
+            .finish()
+    }
+}
+
+impl Context {
+    /// `cuDevicePrimaryCtxRetain` — retain `device`'s primary context.
+    ///
+    /// # Errors
+    /// The driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] when the context cannot be created.
+    #[doc(alias = "cuDevicePrimaryCtxRetain")]
+    pub fn new(device: Device) -> Result<Context> {
+        let mut raw: sys::CUcontext = ptr::null_mut();
+        // SAFETY: `raw` is a valid, writable handle slot; `device` names a device the driver knows.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&raw mut raw, device.ordinal) })?;
+        Ok(Context { raw, device })
+    }
+
+    /// The device whose primary context this is.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The raw `CUcontext`. It stays valid while `self` lives; do not release it.
+    #[must_use]
+    pub fn as_raw(&self) -> sys::CUcontext {
+        self.raw
+    }
+
+    /// `cuCtxSetCurrent` — make this context current on the calling thread.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuCtxSetCurrent")]
+    pub fn bind_to_thread(&self) -> Result<()> {
+        // SAFETY: `self.raw` is a retained primary context, alive while `self` is.
+        check(unsafe { sys::cuCtxSetCurrent(self.raw) })
+    }
+
+    /// `cuCtxSynchronize` — wait until all work queued in this context has finished.
+    ///
+    /// # Errors
+    /// The driver's error, including a sticky error left by earlier asynchronous work.
+    #[doc(alias = "cuCtxSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind_to_thread()?;
+        // SAFETY: no arguments; a context is current (bound just above).
+        check(unsafe { sys::cuCtxSynchronize() })
+    }
+
+    /// `cuMemGetInfo` — `(free, total)` device memory in bytes, as seen from this context.
+    ///
+    /// Physical allocations made through this crate are accounted to the byte, so a difference in
+    /// `free` is an exact leak measure.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemGetInfo")]
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind_to_thread()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both pointers are valid and writable; a context is current (bound just above).
+        check(unsafe { sys::cuMemGetInfo_v2(&raw mut free, &raw mut total) })?;
+        Ok((free, total))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: this value retained the primary context once in `new`; this releases it once.
+        let code = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device.ordinal) };
+        // Errors are ignored: `drop` cannot return them, and the only failures (driver deinitialised at
+        // process exit, invalid device) leave nothing that could be released later.
+        let _ = code;
+    }
+}

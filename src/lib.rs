@@ -1,0 +1,96 @@
+//! CUDA Virtual Memory Management (VMM) with the driver's ordering rules enforced by the type system.
+//!
+//! VMM splits device memory into separate steps: allocate physical memory (`cuMemCreate`), reserve a
+//! virtual address range (`cuMemAddressReserve`), map one into the other (`cuMemMap`) and grant devices
+//! access (`cuMemSetAccess`). The driver has strict rules about their order, which other bindings leave
+//! to the caller. Here they are lifetimes and types:
+//!
+//! ```text
+//! PhysicalAllocation      VirtualReservation
+//!          ^                      ^ (&mut, through a Region)
+//!           \                    /
+//!            Mapping<'va, 'mem> ---- grant ----> Access<'a, ReadWrite | ReadOnly>
+//!                                                    |
+//!                                                    v
+//!                                  DeviceSlice<'_, T> / DeviceSliceMut<'_, T>
+//! ```
+//!
+//! # Example
+//! ```no_run
+//! use cuda_vmm::{Context, Device, Granularity, PhysicalAllocation, ReadWrite, VirtualReservation};
+//!
+//! # fn main() -> Result<(), cuda_vmm::Error> {
+//! let device = Device::get(0)?;
+//! let context = Context::new(device)?;
+//! let granularity = cuda_vmm::allocation_granularity(device, Granularity::Minimum)?;
+//! let size = cuda_vmm::align_size(4096, granularity)?;
+//!
+//! let memory = PhysicalAllocation::new(device, size)?;
+//! let mut reservation = VirtualReservation::new(size, 0)?;
+//! let mut region = reservation.region();
+//! let mut mapping = region.map(&memory)?;
+//! let mut access = mapping.grant(&context, ReadWrite)?;
+//!
+//! let mut view = access.slice_mut::<u32>()?;
+//! let input: Vec<u32> = (0..view.len() as u32).collect();
+//! view.copy_from_host(&input)?;
+//! assert_eq!(view.to_vec()?, input);
+//! # Ok(())
+//! # }
+//! // Dropped in reverse order: view, access, mapping (cuMemUnmap), region, reservation
+//! // (cuMemAddressFree), memory (cuMemRelease). Any other order does not compile.
+//! ```
+//!
+//! # Safety model
+//! Safe code cannot do any of the following; each rule has a compile-fail case in `ui-tests/` (indexed
+//! in `ui-tests/README.md`):
+//!
+//! | rule | driver failure prevented | ui case |
+//! | --- | --- | --- |
+//! | a physical allocation is not dropped, released or moved while mapped | mapping backed by released memory | `vmm/physical_dropped_while_mapped`, `vmm/physical_moved_while_mapped` |
+//! | a reservation is not dropped or freed while mapped | `cuMemAddressFree` fails, the range leaks | `vmm/reservation_dropped_while_mapped`, `vmm/mapping_escapes_reservation_scope` |
+//! | mappings of one reservation never overlap | `cuMemMap` over a mapped range | `vmm/region_taken_twice`, `vmm/region_used_after_split` |
+//! | a mapping is unmapped once | double unmap, which the driver does not catch | `vmm/mapping_unmapped_twice`, `vmm/mapping_used_after_unmap` |
+//! | no view or address before access is granted | fault on an inaccessible mapping | `access/view_before_grant`, `access/pointer_before_grant` |
+//! | a read-only grant gives no writable view | write to a read-only mapping | `access/write_through_read_only` |
+//! | a view does not outlive its mapping, grant or buffer | use after unmap or free | `view/view_outlives_mapping`, `view/view_outlives_access` |
+//! | only plain data is copied to and from the device | non-`Pod` values made from device bytes | `view/non_pod_copy` |
+//! | a VMM address never becomes an owning buffer | `cuMemFree` of a VMM address | `view/vmm_address_into_buffer` |
+//!
+//! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
+//! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
+//! and keeps its borrows' owners alive in the driver, nothing more.
+//!
+//! # Driver values
+//! Driver results are integers wrapped in [`DriverError`], never Rust enums: a driver newer than any
+//! header returns codes no enum has, and reading such a value through an enum is undefined behaviour.
+//! The raw FFI layer is private; the raw handles are reachable through `as_raw`-style methods that own
+//! nothing.
+//!
+//! # Contexts
+//! Driver calls that need a current context make their own context current first (`cuCtxSetCurrent`) and
+//! leave it current on the calling thread. Every copy returns only once it has finished.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod access;
+mod buffer;
+mod device;
+mod error;
+mod mapping;
+mod physical;
+mod reservation;
+mod sys;
+mod view;
+
+pub use access::{Access, AccessMode, ReadOnly, ReadWrite};
+pub use buffer::DeviceBuffer;
+pub use device::{Context, Device, driver_version, init};
+pub use error::{DriverError, Error, Result};
+pub use mapping::Mapping;
+pub use physical::{
+    AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,
+    allocation_granularity,
+};
+pub use reservation::{Region, VirtualReservation};
+pub use view::{DeviceSlice, DeviceSliceMut};

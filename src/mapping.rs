@@ -1,0 +1,153 @@
+//! Mappings of physical memory into reserved address ranges: `cuMemMap` / `cuMemUnmap`.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::ManuallyDrop;
+
+use crate::access::{Access, AccessMode, Contexts};
+use crate::device::Context;
+use crate::error::{Error, Result, check};
+use crate::physical::PhysicalAllocation;
+use crate::reservation::{Region, VirtualReservation};
+use crate::sys;
+
+/// One or more whole physical allocations mapped back to back into a [`Region`] of a
+/// [`VirtualReservation`], unmapped on drop.
+///
+/// A mapping is not usable on its own: the driver faults on any access until `cuMemSetAccess` grants a
+/// device. Hence a `Mapping` exposes neither its address nor any view; [`Mapping::grant`] returns an
+/// [`Access`], and only an `Access` hands out views and the raw address.
+///
+/// # Lifetimes
+/// - `'va`: the mutable borrow of the reservation (through the [`Region`] the mapping was made in). The
+///   reservation cannot be freed, dropped or moved while the mapping lives.
+/// - `'mem`: the shared borrow of the physical allocation(s). They cannot be released, dropped or moved
+///   while the mapping lives; they can be mapped again elsewhere (aliases).
+///
+/// # Zero cost
+/// A `Mapping` is exactly the address and size the driver calls need (16 bytes on 64-bit targets); the
+/// borrows are compile-time only.
+pub struct Mapping<'va, 'mem> {
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    /// The reservation's range: covariant in `'va`; `Send`/`Sync` because `VirtualReservation` is both.
+    _va: PhantomData<&'va VirtualReservation>,
+    /// The mapped memory: covariant in `'mem`; `Send`/`Sync` because `PhysicalAllocation` is both.
+    _mem: PhantomData<&'mem PhysicalAllocation>,
+}
+
+impl fmt::Debug for Mapping<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mapping")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl<'va, 'mem> Mapping<'va, 'mem> {
+    /// Wraps a range that [`Region::map_all`] has just mapped.
+    pub(crate) fn from_mapped(ptr: sys::CUdeviceptr, size: usize) -> Mapping<'va, 'mem> {
+        Mapping {
+            ptr,
+            size,
+            _va: PhantomData,
+            _mem: PhantomData,
+        }
+    }
+
+    /// The mapped size in bytes: the sum of the mapped allocations' sizes.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// `cuMemSetAccess` — grant the device of `context` access to the whole mapping, in `mode`
+    /// ([`ReadWrite`](crate::ReadWrite) or [`ReadOnly`](crate::ReadOnly)).
+    ///
+    /// The returned [`Access`] borrows the mapping mutably, so only one grant is in use at a time and a
+    /// read-only grant cannot be widened behind its views' back. Copies made through its views run in
+    /// `context`. Dropping the `Access` ends the borrow; the driver keeps the permission until the
+    /// mapping is unmapped or granted again.
+    ///
+    /// # Errors
+    /// The driver's error. Then no `Access` exists, so nothing can use the mapping; the chapter's advice
+    /// for a failed setup is to drop the mapping.
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant<'a, M: AccessMode>(
+        &'a mut self,
+        context: &'a Context,
+        mode: M,
+    ) -> Result<Access<'a, M>> {
+        self.grant_contexts(Contexts::One(context), mode)
+    }
+
+    /// `cuMemSetAccess` — grant every device of `contexts` access to the whole mapping, in `mode`, in one
+    /// driver call. Views use the first context for copies; [`Access::slice_on`] picks another.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for an empty list; the driver's error otherwise, as for [`Mapping::grant`].
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_all<'a, M: AccessMode>(
+        &'a mut self,
+        contexts: &'a [&'a Context],
+        mode: M,
+    ) -> Result<Access<'a, M>, Error> {
+        if contexts.is_empty() {
+            return Err(Error::ZeroSize {
+                what: "list of contexts to grant",
+            });
+        }
+        Ok(self.grant_contexts(Contexts::Many(contexts), mode)?)
+    }
+
+    fn grant_contexts<'a, M: AccessMode>(
+        &'a mut self,
+        contexts: Contexts<'a>,
+        mode: M,
+    ) -> Result<Access<'a, M>> {
+        let descs: Vec<sys::CUmemAccessDesc> = contexts
+            .iter()
+            .map(|c| sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: c.device().as_raw(),
+                },
+                flags: M::FLAGS,
+            })
+            .collect();
+        // SAFETY: `[ptr, ptr + size)` is exactly the mapped range this value owns; `descs` is a live,
+        // initialised array of `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
+        check(unsafe { sys::cuMemSetAccess(self.ptr, self.size, descs.as_ptr(), descs.len()) })?;
+        Ok(Access::new(self.ptr, self.size, contexts, mode))
+    }
+
+    /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the region back
+    /// so that it can be mapped again.
+    ///
+    /// Consuming `self` makes a double unmap impossible to write; the driver would not catch one (it
+    /// returns success for a range that is already unmapped).
+    ///
+    /// # Errors
+    /// The driver's error. The range then stays mapped and is leaked until the process ends (the
+    /// reservation's `cuMemAddressFree` will fail too); no driver failure of a whole-mapping unmap is
+    /// known.
+    #[doc(alias = "cuMemUnmap")]
+    pub fn unmap(self) -> Result<Region<'va>> {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped, unmapped once: `drop` will not run.
+        check(unsafe { sys::cuMemUnmap(this.ptr, this.size) })?;
+        Ok(Region::from_unmapped(this.ptr, this.size))
+    }
+}
+
+impl Drop for Mapping<'_, '_> {
+    fn drop(&mut self) {
+        // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped; it is unmapped only here (or in
+        // `unmap`, which skips this). The allocation and reservation are still alive (borrowed).
+        let code = unsafe { sys::cuMemUnmap(self.ptr, self.size) };
+        // The error is ignored: `drop` cannot return it and no failure of a whole-mapping unmap is known.
+        // Call `unmap` to see it.
+        let _ = code;
+    }
+}

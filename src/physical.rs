@@ -1,0 +1,249 @@
+//! Physical memory: `cuMemCreate` / `cuMemRelease`, and the granularity rules it obeys.
+
+use core::fmt;
+use core::mem::ManuallyDrop;
+use core::ptr;
+
+use crate::device::Device;
+use crate::error::{Error, Result, check};
+use crate::sys;
+
+/// Which allocation granularity to ask for (`CUmemAllocationGranularity_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// The smallest granularity the driver accepts (`CU_MEM_ALLOC_GRANULARITY_MINIMUM`). Sizes and
+    /// mapping offsets must be multiples of it.
+    Minimum,
+    /// The granularity the driver recommends for performance (`CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`).
+    Recommended,
+}
+
+/// Where a physical allocation lives. Only device memory exists today; host and host-NUMA locations
+/// (CUDA 12.2 and later) can be added without breaking callers, hence `#[non_exhaustive]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Location {
+    /// Memory of this device (`CU_MEM_LOCATION_TYPE_DEVICE`).
+    Device(Device),
+}
+
+impl Location {
+    fn raw(self) -> sys::CUmemLocation {
+        match self {
+            Location::Device(d) => sys::CUmemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: d.as_raw(),
+            },
+        }
+    }
+}
+
+/// How to allocate physical memory: the location today; exportable handle types and allocation flags
+/// are the planned additions, which `#[non_exhaustive]` leaves room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct AllocationOptions {
+    /// Where the memory lives.
+    pub location: Location,
+}
+
+impl AllocationOptions {
+    /// Pinned memory of `device`, not exportable.
+    #[must_use]
+    pub fn device(device: Device) -> AllocationOptions {
+        AllocationOptions {
+            location: Location::Device(device),
+        }
+    }
+
+    /// The driver's property struct, built field by field: never from `Default`/`zeroed` of
+    /// `cuda-driver-sys`'s type, whose zeroed handle-type enum is undefined behaviour.
+    fn raw(&self) -> sys::CUmemAllocationProp {
+        sys::CUmemAllocationProp {
+            type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CU_MEM_HANDLE_TYPE_NONE,
+            location: self.location.raw(),
+            win32HandleMetaData: ptr::null_mut(),
+            allocFlags: 0,
+        }
+    }
+
+    /// `cuMemGetAllocationGranularity` for these options.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemGetAllocationGranularity")]
+    pub fn granularity(&self, kind: Granularity) -> Result<usize> {
+        let prop = self.raw();
+        let option = match kind {
+            Granularity::Minimum => sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            Granularity::Recommended => sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        };
+        let mut granularity = 0usize;
+        // SAFETY: `granularity` is writable and `prop` a fully initialised mirror of
+        // `CUmemAllocationProp` (layout asserted in `sys`), both alive for the call.
+        check(unsafe {
+            sys::cuMemGetAllocationGranularity(&raw mut granularity, &raw const prop, option)
+        })?;
+        Ok(granularity)
+    }
+}
+
+/// `cuMemGetAllocationGranularity` — the granularity of pinned memory on `device`.
+///
+/// Sizes of [`PhysicalAllocation`]s and the offsets they are mapped at must be multiples of the
+/// [`Granularity::Minimum`] value; do not assume a page size (it is 2 MiB on an H200).
+///
+/// # Errors
+/// The driver's error, if any.
+#[doc(alias = "cuMemGetAllocationGranularity")]
+pub fn allocation_granularity(device: Device, kind: Granularity) -> Result<usize> {
+    AllocationOptions::device(device).granularity(kind)
+}
+
+/// Rounds `size` up to the next multiple of `granularity`, with checked arithmetic.
+///
+/// `align_size(0, g)` is `Ok(0)`. `granularity` need not be a power of two.
+///
+/// # Errors
+/// [`Error::ZeroSize`] for a zero `granularity` (no multiple of zero is at least a non-zero size, and
+/// the driver never reports zero); [`Error::Overflow`] where the rounded size would exceed `usize::MAX`.
+pub fn align_size(size: usize, granularity: usize) -> Result<usize, Error> {
+    if granularity == 0 {
+        return Err(Error::ZeroSize {
+            what: "granularity",
+        });
+    }
+    size.div_ceil(granularity)
+        .checked_mul(granularity)
+        .ok_or(Error::Overflow {
+            what: "aligned size",
+        })
+}
+
+/// Checks that `value` is a non-zero multiple of `granularity`.
+pub(crate) fn check_multiple(
+    what: &'static str,
+    value: usize,
+    granularity: usize,
+) -> Result<(), Error> {
+    if granularity == 0 || !value.is_multiple_of(granularity) {
+        return Err(Error::NotAligned {
+            what,
+            value,
+            granularity,
+        });
+    }
+    Ok(())
+}
+
+/// Physical device memory: a `CUmemGenericAllocationHandle` from `cuMemCreate`, released on drop.
+///
+/// Physical memory has no address. To use it, map it into a [`VirtualReservation`](crate::VirtualReservation)
+/// with [`Region::map`](crate::Region::map) and grant access with [`Mapping::grant`](crate::Mapping::grant).
+/// Every [`Mapping`](crate::Mapping) borrows the allocation it maps, so the allocation cannot be dropped,
+/// released or moved while it is mapped. The same allocation may be mapped at several addresses.
+pub struct PhysicalAllocation {
+    handle: sys::CUmemGenericAllocationHandle,
+    size: usize,
+    granularity: usize,
+    options: AllocationOptions,
+}
+
+impl fmt::Debug for PhysicalAllocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PhysicalAllocation")
+            .field("handle", &format_args!("{:#x}", self.handle))
+            .field("size", &self.size)
+            .field("granularity", &self.granularity)
+            .field("location", &self.options.location)
+            .finish()
+    }
+}
+
+impl PhysicalAllocation {
+    /// `cuMemCreate` — allocate `size` bytes of pinned memory on `device`.
+    ///
+    /// `size` is checked against the device's minimum granularity before the driver is called: round it
+    /// up with [`align_size`] first.
+    ///
+    /// # Errors
+    /// [`Error::NotAligned`] for a zero size or one that is not a multiple of the granularity;
+    /// [`Error::Driver`] with [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY) when the
+    /// device has too little free memory, or another driver error.
+    #[doc(alias = "cuMemCreate")]
+    pub fn new(device: Device, size: usize) -> Result<PhysicalAllocation, Error> {
+        PhysicalAllocation::with_options(size, AllocationOptions::device(device))
+    }
+
+    /// `cuMemCreate` — allocate `size` bytes as `options` say.
+    ///
+    /// # Errors
+    /// As [`PhysicalAllocation::new`].
+    #[doc(alias = "cuMemCreate")]
+    pub fn with_options(
+        size: usize,
+        options: AllocationOptions,
+    ) -> Result<PhysicalAllocation, Error> {
+        let granularity = options.granularity(Granularity::Minimum)?;
+        check_multiple("allocation size", size, granularity)?;
+        let prop = options.raw();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is writable and `prop` a fully initialised property mirror, both alive for
+        // the call; flags must be 0.
+        check(unsafe { sys::cuMemCreate(&raw mut handle, size, &raw const prop, 0) })?;
+        Ok(PhysicalAllocation {
+            handle,
+            size,
+            granularity,
+            options,
+        })
+    }
+
+    /// The allocation's size in bytes.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The minimum granularity of the memory's location: mapping offsets must be multiples of it.
+    #[must_use]
+    pub fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    /// Where the memory lives.
+    #[must_use]
+    pub fn location(&self) -> Location {
+        self.options.location
+    }
+
+    /// The raw allocation handle, for driver calls this crate does not wrap. It stays valid while `self`
+    /// lives; do not release it.
+    #[must_use]
+    pub fn as_raw(&self) -> sys::CUmemGenericAllocationHandle {
+        self.handle
+    }
+
+    /// `cuMemRelease` — release the allocation and report the driver's answer, which `drop` ignores.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemRelease")]
+    pub fn release(self) -> Result<()> {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: the handle came from `cuMemCreate` and is released once: `drop` will not run.
+        check(unsafe { sys::cuMemRelease(this.handle) })
+    }
+}
+
+impl Drop for PhysicalAllocation {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `cuMemCreate` and is released only here (or in `release`, which
+        // skips this).
+        let code = unsafe { sys::cuMemRelease(self.handle) };
+        // The error is ignored: `drop` cannot return it, and a handle the driver refuses to release
+        // cannot be released later either. Call `release` to see it.
+        let _ = code;
+    }
+}

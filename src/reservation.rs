@@ -1,0 +1,299 @@
+//! Virtual address ranges: `cuMemAddressReserve` / `cuMemAddressFree`, and disjoint regions of them.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::ManuallyDrop;
+
+use crate::error::{Error, Result, check};
+use crate::mapping::Mapping;
+use crate::physical::{PhysicalAllocation, check_multiple};
+use crate::sys;
+
+/// A reserved range of the process's unified virtual address space, freed on drop.
+///
+/// A reservation holds no memory. Carve it into [`Region`]s with [`VirtualReservation::region`] and map
+/// physical memory into them. While any region or mapping of the reservation lives, the reservation is
+/// mutably borrowed: it cannot be dropped, freed or moved, which is the driver's rule that a range must
+/// be unmapped before it is freed (`cuMemAddressFree` of a mapped range fails and leaks the range).
+pub struct VirtualReservation {
+    base: sys::CUdeviceptr,
+    size: usize,
+}
+
+impl fmt::Debug for VirtualReservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualReservation")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl VirtualReservation {
+    /// `cuMemAddressReserve` — reserve `size` bytes of virtual address space at an address the driver
+    /// picks, aligned to `alignment` (0 asks for the driver's default, the allocation granularity).
+    ///
+    /// `size` should be a multiple of the allocation granularity: only whole allocations can be mapped.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero `size`; the driver's error otherwise, e.g.
+    /// [`DriverError::INVALID_VALUE`](crate::DriverError::INVALID_VALUE) for a size or alignment it refuses.
+    #[doc(alias = "cuMemAddressReserve")]
+    pub fn new(size: usize, alignment: usize) -> Result<VirtualReservation, Error> {
+        VirtualReservation::with_address_hint(size, alignment, 0)
+    }
+
+    /// `cuMemAddressReserve` with a requested start address.
+    ///
+    /// The address is a hint: where it is taken or unusable the driver reserves elsewhere, so read
+    /// [`base`](VirtualReservation::base) rather than assuming the hint was honoured. `0` means no hint.
+    ///
+    /// # Errors
+    /// As [`VirtualReservation::new`].
+    #[doc(alias = "cuMemAddressReserve")]
+    pub fn with_address_hint(
+        size: usize,
+        alignment: usize,
+        hint: u64,
+    ) -> Result<VirtualReservation, Error> {
+        if size == 0 {
+            return Err(Error::ZeroSize {
+                what: "reservation size",
+            });
+        }
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: `base` is writable for the call; the other arguments are plain integers (flags must be 0).
+        check(unsafe { sys::cuMemAddressReserve(&raw mut base, size, alignment, hint, 0) })?;
+        Ok(VirtualReservation { base, size })
+    }
+
+    /// The first address of the range.
+    #[must_use]
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The size of the range in bytes.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The whole range as one [`Region`], to map memory into.
+    ///
+    /// Borrows the reservation mutably for as long as the region, or anything carved or mapped from it,
+    /// lives: two regions of one reservation never exist at once unless split from one another, and
+    /// split regions are disjoint, so two mappings can never overlap.
+    pub fn region(&mut self) -> Region<'_> {
+        Region {
+            start: self.base,
+            len: self.size,
+            _reservation: PhantomData,
+        }
+    }
+
+    /// `cuMemAddressFree` — free the range and report the driver's answer, which `drop` ignores.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemAddressFree")]
+    pub fn free(self) -> Result<()> {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: the range came from `cuMemAddressReserve` and is freed once: `drop` will not run. No
+        // mapping of it lives, since every mapping borrows the reservation.
+        check(unsafe { sys::cuMemAddressFree(this.base, this.size) })
+    }
+}
+
+impl Drop for VirtualReservation {
+    fn drop(&mut self) {
+        // SAFETY: the range came from `cuMemAddressReserve` and is freed only here (or in `free`).
+        let code = unsafe { sys::cuMemAddressFree(self.base, self.size) };
+        // The error is ignored: `drop` cannot return it. Every mapping borrows the reservation, so none
+        // is live here unless one was leaked with `mem::forget`, and then the range stays reserved (a
+        // leak, not undefined behaviour). Call `free` to see the error.
+        let _ = code;
+    }
+}
+
+/// A part of a [`VirtualReservation`] that no mapping uses and no other region covers.
+///
+/// Regions are the unit of exclusivity: splitting consumes a region and returns two disjoint ones, and
+/// mapping takes memory from the front of a region. Because of that, two mappings can never overlap.
+///
+/// # Lifetimes
+/// `'va` is the mutable borrow of the reservation the region was carved from. Every [`Mapping`] made
+/// from the region carries the same `'va`, so the reservation outlives all of them.
+pub struct Region<'va> {
+    start: sys::CUdeviceptr,
+    len: usize,
+    /// The exclusive borrow of the reservation: covariant in `'va`; `Send`/`Sync` as `&mut
+    /// VirtualReservation` (both, since a reservation is two integers).
+    _reservation: PhantomData<&'va mut VirtualReservation>,
+}
+
+impl fmt::Debug for Region<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("start", &format_args!("{:#x}", self.start))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<'va> Region<'va> {
+    /// Rebuilds the region of an unmapped range (used by [`Mapping::unmap`]).
+    pub(crate) fn from_unmapped(start: sys::CUdeviceptr, len: usize) -> Region<'va> {
+        Region {
+            start,
+            len,
+            _reservation: PhantomData,
+        }
+    }
+
+    /// The first address of the region.
+    #[must_use]
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// The region's size in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region has no bytes left.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Splits the region in two at byte `offset`: `[0, offset)` and `[offset, len)`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `offset > len`; the region is dropped (it can be carved again from
+    /// the reservation once every part of it is gone).
+    pub fn split_at(self, offset: usize) -> Result<(Region<'va>, Region<'va>), Error> {
+        if offset > self.len {
+            return Err(Error::OutOfBounds {
+                what: "region split",
+                start: offset,
+                end: offset,
+                len: self.len,
+            });
+        }
+        let tail = Region::from_unmapped(self.start + offset as u64, self.len - offset);
+        Ok((
+            Region {
+                len: offset,
+                ..self
+            },
+            tail,
+        ))
+    }
+
+    /// Removes `bytes` from the front of the region, leaving a hole no mapping can use.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `bytes > len`; the region is unchanged.
+    pub fn skip(&mut self, bytes: usize) -> Result<(), Error> {
+        if bytes > self.len {
+            return Err(Error::OutOfBounds {
+                what: "region skip",
+                start: 0,
+                end: bytes,
+                len: self.len,
+            });
+        }
+        self.take_front(bytes);
+        Ok(())
+    }
+
+    fn take_front(&mut self, bytes: usize) {
+        self.start += bytes as u64;
+        self.len -= bytes;
+    }
+
+    /// `cuMemMap` — map the whole of `memory` at the start of the region, and shrink the region by its
+    /// size.
+    ///
+    /// The driver maps only whole allocations (a partial mapping is `CUDA_ERROR_NOT_SUPPORTED`), so no
+    /// offset or size is asked for: choose the address by [splitting](Region::split_at) or
+    /// [skipping](Region::skip). The mapping is not accessible until [granted](Mapping::grant).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where the region is smaller than `memory`; [`Error::NotAligned`] where the
+    /// region's start is not a multiple of the memory's granularity; the driver's error otherwise. On any
+    /// error the region is unchanged and nothing is mapped.
+    #[doc(alias = "cuMemMap")]
+    pub fn map<'mem>(
+        &mut self,
+        memory: &'mem PhysicalAllocation,
+    ) -> Result<Mapping<'va, 'mem>, Error> {
+        self.map_all(&[memory])
+    }
+
+    /// `cuMemMap` each allocation in turn, back to back from the start of the region, as one
+    /// [`Mapping`]: access to all of them is granted (and they are unmapped) together, as the driver
+    /// allows for adjacent whole mappings.
+    ///
+    /// # Errors
+    /// As [`Region::map`]; [`Error::ZeroSize`] for an empty list. On any error, the allocations already
+    /// mapped by this call are unmapped again, the region is unchanged and nothing is mapped.
+    #[doc(alias = "cuMemMap")]
+    pub fn map_all<'mem>(
+        &mut self,
+        memory: &[&'mem PhysicalAllocation],
+    ) -> Result<Mapping<'va, 'mem>, Error> {
+        if memory.is_empty() {
+            return Err(Error::ZeroSize {
+                what: "list of allocations to map",
+            });
+        }
+        let mut total = 0usize;
+        for m in memory {
+            let at = usize::try_from(self.start)
+                .ok()
+                .and_then(|s| s.checked_add(total));
+            check_multiple(
+                "mapping address",
+                at.ok_or(Error::Overflow {
+                    what: "mapping address",
+                })?,
+                m.granularity(),
+            )?;
+            total = total.checked_add(m.size()).ok_or(Error::Overflow {
+                what: "mapping size",
+            })?;
+        }
+        if total > self.len {
+            return Err(Error::OutOfBounds {
+                what: "mapping",
+                start: 0,
+                end: total,
+                len: self.len,
+            });
+        }
+        let mut mapped = 0usize;
+        for m in memory {
+            let at = self.start + mapped as u64;
+            // SAFETY: `[at, at + size)` lies inside this region (checked above), which no other region or
+            // mapping covers; `m.as_raw()` is a live allocation handle (borrowed for `'mem`); offset 0
+            // and flags 0 as the driver requires.
+            let code = unsafe { sys::cuMemMap(at, m.size(), 0, m.as_raw(), 0) };
+            if let Err(e) = check(code) {
+                if mapped > 0 {
+                    // SAFETY: `[start, start + mapped)` was mapped by this call just above and is
+                    // unmapped once. Its error is ignored: the first error is the one to report.
+                    let _ = unsafe { sys::cuMemUnmap(self.start, mapped) };
+                }
+                return Err(e.into());
+            }
+            mapped += m.size();
+        }
+        let mapping = Mapping::from_mapped(self.start, total);
+        self.take_front(total);
+        Ok(mapping)
+    }
+}

@@ -1,0 +1,189 @@
+//! The raw driver interface: the only module that declares foreign functions.
+//!
+//! `cuda-driver-sys` 0.3 was generated from CUDA 10.2 headers. Its functions return `CUresult` as a Rust
+//! `enum`, and its structs hold enums too: a value a newer driver returns (error 34, handle type 0, ...)
+//! would be undefined behaviour the moment it is read. So this module declares every driver function the
+//! crate calls again, returning a plain `u32`, and mirrors every struct that has an enum field with
+//! integer fields. The mirrors' size, alignment and field offsets are asserted equal to
+//! `cuda-driver-sys`'s below. Only the plain handle types (`CUdeviceptr`, `CUcontext`, ...) and the
+//! `-lcuda` link come from `cuda-driver-sys`; none of its functions is called.
+//!
+//! Declaring the same symbols with a different return type links to the same functions: the C ABI of an
+//! `enum CUresult` (a 32-bit unsigned integer) and of `u32` are the same.
+
+#![allow(non_snake_case, non_camel_case_types)]
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use core::mem::{align_of, offset_of, size_of};
+
+pub(crate) use cuda_driver_sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUstream,
+};
+
+/// A raw `CUresult`: an integer, so that codes no header knew about are representable.
+pub(crate) type CUresult = u32;
+
+// `CUmemLocationType`
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+// `CUmemAllocationType`
+pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
+// `CUmemAllocationHandleType`: `CU_MEM_HANDLE_TYPE_NONE` (CUDA 11.2 and later).
+pub(crate) const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
+// `CUmemAccess_flags`
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READ: u32 = 1;
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: u32 = 3;
+// `CUmemAllocationGranularity_flags`
+pub(crate) const CU_MEM_ALLOC_GRANULARITY_MINIMUM: u32 = 0;
+pub(crate) const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: u32 = 1;
+// `CUdevice_attribute`
+pub(crate) const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 102;
+pub(crate) const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
+pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+/// Mirror of `CUmemLocation` with an integer `type`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CUmemLocation {
+    pub(crate) type_: u32,
+    pub(crate) id: c_int,
+}
+
+/// Mirror of `CUmemAllocationProp`. CUDA 10.2's `reserved: u64` is today's 8-byte `allocFlags`
+/// (compression type, RDMA capability, usage, reserved bytes); all zero asks for the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CUmemAllocationProp {
+    pub(crate) type_: u32,
+    pub(crate) requestedHandleTypes: u32,
+    pub(crate) location: CUmemLocation,
+    pub(crate) win32HandleMetaData: *mut c_void,
+    pub(crate) allocFlags: u64,
+}
+
+/// Mirror of `CUmemAccessDesc` with integer `flags`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CUmemAccessDesc {
+    pub(crate) location: CUmemLocation,
+    pub(crate) flags: u32,
+}
+
+mod layout {
+    use super::{align_of, offset_of, size_of};
+    use cuda_driver_sys as s;
+    use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
+
+    assert_eq_size!(super::CUmemLocation, s::CUmemLocation);
+    assert_eq_align!(super::CUmemLocation, s::CUmemLocation);
+    const_assert_eq!(
+        offset_of!(super::CUmemLocation, type_),
+        offset_of!(s::CUmemLocation, type_)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUmemLocation, id),
+        offset_of!(s::CUmemLocation, id)
+    );
+
+    assert_eq_size!(super::CUmemAllocationProp, s::CUmemAllocationProp);
+    assert_eq_align!(super::CUmemAllocationProp, s::CUmemAllocationProp);
+    const_assert_eq!(size_of::<super::CUmemAllocationProp>(), 32);
+    const_assert_eq!(
+        offset_of!(super::CUmemAllocationProp, type_),
+        offset_of!(s::CUmemAllocationProp, type_)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUmemAllocationProp, requestedHandleTypes),
+        offset_of!(s::CUmemAllocationProp, requestedHandleTypes)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUmemAllocationProp, location),
+        offset_of!(s::CUmemAllocationProp, location)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUmemAllocationProp, win32HandleMetaData),
+        offset_of!(s::CUmemAllocationProp, win32HandleMetaData)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUmemAllocationProp, allocFlags),
+        offset_of!(s::CUmemAllocationProp, reserved)
+    );
+
+    assert_eq_size!(super::CUmemAccessDesc, s::CUmemAccessDesc);
+    assert_eq_align!(super::CUmemAccessDesc, s::CUmemAccessDesc);
+    const_assert_eq!(
+        offset_of!(super::CUmemAccessDesc, location),
+        offset_of!(s::CUmemAccessDesc, location)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUmemAccessDesc, flags),
+        offset_of!(s::CUmemAccessDesc, flags)
+    );
+
+    // The integer stand-ins for C enums are as wide as the C enums.
+    assert_eq_size!(super::CUresult, s::CUresult);
+    const_assert_eq!(align_of::<super::CUresult>(), align_of::<s::CUresult>());
+}
+
+// The link itself (`-lcuda`) is emitted by cuda-driver-sys's build script, which is linked because the
+// handle types above come from it.
+unsafe extern "C" {
+    pub(crate) fn cuInit(flags: c_uint) -> CUresult;
+    pub(crate) fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
+    pub(crate) fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+    pub(crate) fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+    pub(crate) fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    pub(crate) fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
+    pub(crate) fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult;
+
+    pub(crate) fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    pub(crate) fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
+    pub(crate) fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+    pub(crate) fn cuCtxSynchronize() -> CUresult;
+    pub(crate) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
+
+    pub(crate) fn cuMemGetAllocationGranularity(
+        granularity: *mut usize,
+        prop: *const CUmemAllocationProp,
+        option: u32,
+    ) -> CUresult;
+    pub(crate) fn cuMemCreate(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64,
+    ) -> CUresult;
+    pub(crate) fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    pub(crate) fn cuMemAddressReserve(
+        ptr: *mut CUdeviceptr,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: u64,
+    ) -> CUresult;
+    pub(crate) fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
+    pub(crate) fn cuMemMap(
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: CUmemGenericAllocationHandle,
+        flags: u64,
+    ) -> CUresult;
+    pub(crate) fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult;
+    pub(crate) fn cuMemSetAccess(
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: *const CUmemAccessDesc,
+        count: usize,
+    ) -> CUresult;
+
+    pub(crate) fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
+    pub(crate) fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
+
+    pub(crate) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
+    pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
+    pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
+
+    pub(crate) fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+
+}

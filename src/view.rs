@@ -1,0 +1,381 @@
+//! Typed, non-owning views of device memory and the synchronous copies between them and the host.
+
+use core::ffi::c_void;
+use core::fmt;
+use core::marker::PhantomData;
+use core::ops::{Bound, RangeBounds};
+use core::ptr;
+
+use bytemuck::Pod;
+
+use crate::device::{Context, Device};
+use crate::error::{Error, check};
+use crate::sys;
+
+/// A read-only view of `len` values of `T` in device memory, reachable from the device of its context.
+///
+/// Made from an [`Access`](crate::Access) or a [`DeviceBuffer`](crate::DeviceBuffer); it borrows what it
+/// views, so it cannot outlive the mapping or buffer. `T` is plain data ([`Pod`]): any bytes the device
+/// holds are a valid `T`. A view has no write method; [`DeviceSliceMut`] has.
+///
+/// # Lifetimes
+/// `'a` is the borrow of the memory's owner (the grant or the buffer) and of the context copies run in.
+pub struct DeviceSlice<'a, T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    context: &'a Context,
+    /// Shared access to `len` values of `T` for `'a`: covariant; `Send`/`Sync` only where `&[T]` is.
+    _data: PhantomData<&'a [T]>,
+}
+
+/// A writable view of `len` values of `T` in device memory, reachable from the device of its context.
+///
+/// Exclusive, like `&mut [T]`: made only from a [`ReadWrite`](crate::ReadWrite) grant or a
+/// [`DeviceBuffer`](crate::DeviceBuffer) borrowed mutably.
+///
+/// # Lifetimes
+/// `'a` is the exclusive borrow of the memory's owner and the borrow of the context copies run in.
+pub struct DeviceSliceMut<'a, T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    context: &'a Context,
+    /// Exclusive access to `len` values of `T` for `'a`: invariant in `T`, as `&mut [T]`; `Send`/`Sync`
+    /// only where `&mut [T]` is.
+    _data: PhantomData<&'a mut [T]>,
+}
+
+impl<T> Clone for DeviceSlice<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DeviceSlice<'_, T> {}
+
+impl<T> fmt::Debug for DeviceSlice<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        debug_view(f, "DeviceSlice", self.ptr, self.len, self.context.device())
+    }
+}
+impl<T> fmt::Debug for DeviceSliceMut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        debug_view(
+            f,
+            "DeviceSliceMut",
+            self.ptr,
+            self.len,
+            self.context.device(),
+        )
+    }
+}
+
+fn debug_view(
+    f: &mut fmt::Formatter<'_>,
+    name: &str,
+    ptr: u64,
+    len: usize,
+    device: Device,
+) -> fmt::Result {
+    f.debug_struct(name)
+        .field("ptr", &format_args!("{ptr:#x}"))
+        .field("len", &len)
+        .field("device", &device)
+        .finish()
+}
+
+/// `[start, end)` of `range` over `0..len`, or a clear error.
+fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize), Error> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => Some(s),
+        Bound::Excluded(&s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => Some(len),
+    };
+    let (Some(start), Some(end)) = (start, end) else {
+        return Err(Error::Overflow {
+            what: "slice range",
+        });
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfBounds {
+            what: "slice range",
+            start,
+            end,
+            len,
+        });
+    }
+    Ok((start, end))
+}
+
+/// The device address of element `index` (which is at most the length of a live view, so the byte
+/// offset fits the mapped range and cannot overflow).
+fn offset<T>(ptr: sys::CUdeviceptr, index: usize) -> sys::CUdeviceptr {
+    ptr + (index * size_of::<T>()) as u64
+}
+
+fn check_len(expected: usize, found: usize) -> Result<(), Error> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch { expected, found })
+    }
+}
+
+/// Waits for the copies this thread queued on the legacy default stream in the current context.
+///
+/// `cuMemcpyHtoD` may return before its DMA has reached device memory and `cuMemcpyDtoD` returns at
+/// once; waiting makes every copy of this crate finished when it returns, so the memory can be unmapped
+/// or freed right after.
+fn wait_for_copy() -> Result<(), Error> {
+    // SAFETY: the null stream is the current context's legacy default stream, always valid.
+    Ok(check(unsafe { sys::cuStreamSynchronize(ptr::null_mut()) })?)
+}
+
+impl<'a, T: Pod> DeviceSlice<'a, T> {
+    /// A view of `[ptr, ptr + len * size_of::<T>())`, which the caller guarantees is device memory
+    /// reachable from `context`'s device for `'a`.
+    pub(crate) fn from_granted(
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        context: &'a Context,
+    ) -> DeviceSlice<'a, T> {
+        DeviceSlice {
+            ptr,
+            len,
+            context,
+            _data: PhantomData,
+        }
+    }
+
+    /// The number of elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view has no elements.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device whose context the view's copies run in.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.context.device()
+    }
+
+    /// The device address of the first element: an escape hatch that owns nothing and frees nothing.
+    #[must_use]
+    pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// A sub-view of the elements in `range`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `range` is not inside `0..len`.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'a, T>, Error> {
+        let (start, end) = bounds(range, self.len)?;
+        Ok(DeviceSlice {
+            ptr: offset::<T>(self.ptr, start),
+            len: end - start,
+            ..*self
+        })
+    }
+
+    /// `cuMemcpyDtoH` — copy the view into `dst`, which must have the same length. Returns when the copy
+    /// has finished.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; the driver's error otherwise.
+    #[doc(alias = "cuMemcpyDtoH")]
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<(), Error> {
+        check_len(self.len, dst.len())?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: `dst` is writable for `size_of_val(dst)` bytes and any bytes are a valid `T` (`Pod`);
+        // the source range is device memory reachable from the current context (the view's invariant).
+        // The copy is finished when the call returns.
+        check(unsafe {
+            sys::cuMemcpyDtoH_v2(
+                dst.as_mut_ptr().cast::<c_void>(),
+                self.ptr,
+                size_of_val(dst),
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Copies the view into a new `Vec`.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn to_vec(&self) -> Result<Vec<T>, Error> {
+        let mut out = vec![T::zeroed(); self.len];
+        self.copy_to_host(&mut out)?;
+        Ok(out)
+    }
+}
+
+impl<'a, T: Pod> DeviceSliceMut<'a, T> {
+    /// A writable view; the caller guarantees exclusive, writable device memory reachable from
+    /// `context`'s device for `'a`.
+    pub(crate) fn from_granted(
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        context: &'a Context,
+    ) -> DeviceSliceMut<'a, T> {
+        DeviceSliceMut {
+            ptr,
+            len,
+            context,
+            _data: PhantomData,
+        }
+    }
+
+    /// The number of elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view has no elements.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device whose context the view's copies run in.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.context.device()
+    }
+
+    /// The device address of the first element: an escape hatch that owns nothing and frees nothing.
+    #[must_use]
+    pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// A read-only view of the same elements, for as long as it is borrowed.
+    #[must_use]
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        DeviceSlice {
+            ptr: self.ptr,
+            len: self.len,
+            context: self.context,
+            _data: PhantomData,
+        }
+    }
+
+    /// A writable sub-view of the elements in `range`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `range` is not inside `0..len`.
+    pub fn slice_mut(
+        &mut self,
+        range: impl RangeBounds<usize>,
+    ) -> Result<DeviceSliceMut<'_, T>, Error> {
+        let (start, end) = bounds(range, self.len)?;
+        Ok(DeviceSliceMut {
+            ptr: offset::<T>(self.ptr, start),
+            len: end - start,
+            context: self.context,
+            _data: PhantomData,
+        })
+    }
+
+    /// Splits into two disjoint writable views, `[0, mid)` and `[mid, len)`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `mid > len`.
+    pub fn split_at_mut(
+        self,
+        mid: usize,
+    ) -> Result<(DeviceSliceMut<'a, T>, DeviceSliceMut<'a, T>), Error> {
+        if mid > self.len {
+            return Err(Error::OutOfBounds {
+                what: "split point",
+                start: mid,
+                end: mid,
+                len: self.len,
+            });
+        }
+        let tail = DeviceSliceMut {
+            ptr: offset::<T>(self.ptr, mid),
+            len: self.len - mid,
+            ..self
+        };
+        Ok((DeviceSliceMut { len: mid, ..self }, tail))
+    }
+
+    /// `cuMemcpyHtoD` — copy `src`, which must have the same length, into the view. Returns when the copy
+    /// has finished.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; the driver's error otherwise.
+    #[doc(alias = "cuMemcpyHtoD")]
+    pub fn copy_from_host(&mut self, src: &[T]) -> Result<(), Error> {
+        check_len(self.len, src.len())?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: `src` is readable for `size_of_val(src)` bytes; the destination is exclusive, writable
+        // device memory reachable from the current context (the view's invariant). `wait_for_copy` makes
+        // the copy finished before `src` or the view can go away.
+        check(unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast::<c_void>(), size_of_val(src))
+        })?;
+        wait_for_copy()
+    }
+
+    /// `cuMemcpyDtoD` — copy `src`, which must have the same length and be reachable from this view's
+    /// device, into the view. Returns when the copy has finished.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::DeviceMismatch`] where `src` belongs to
+    /// another device; the driver's error otherwise.
+    #[doc(alias = "cuMemcpyDtoD")]
+    pub fn copy_from_device(&mut self, src: &DeviceSlice<'_, T>) -> Result<(), Error> {
+        check_len(self.len, src.len)?;
+        if src.device() != self.device() {
+            return Err(Error::DeviceMismatch {
+                expected: self.device().as_raw(),
+                found: src.device().as_raw(),
+            });
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: both ranges are device memory reachable from the current context (same device, checked
+        // above). Their virtual ranges cannot overlap (`self` is exclusive, `src` shared); through aliases
+        // the physical memory may, which leaves unspecified bytes in device memory but touches no Rust
+        // memory. `wait_for_copy` makes the copy finished before either view can go away.
+        check(unsafe { sys::cuMemcpyDtoD_v2(self.ptr, src.ptr, self.len * size_of::<T>()) })?;
+        wait_for_copy()
+    }
+
+    /// `cuMemcpyDtoH` — copy the view into `dst`; see [`DeviceSlice::copy_to_host`].
+    ///
+    /// # Errors
+    /// As [`DeviceSlice::copy_to_host`].
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<(), Error> {
+        self.as_slice().copy_to_host(dst)
+    }
+
+    /// Copies the view into a new `Vec`.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn to_vec(&self) -> Result<Vec<T>, Error> {
+        self.as_slice().to_vec()
+    }
+}
