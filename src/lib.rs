@@ -47,14 +47,15 @@
 //!
 //! | rule | driver failure prevented | ui case |
 //! | --- | --- | --- |
-//! | a physical allocation is not dropped, released or moved while mapped | mapping backed by released memory | `vmm/physical_dropped_while_mapped`, `vmm/physical_moved_while_mapped` |
-//! | a reservation is not dropped or freed while mapped | `cuMemAddressFree` fails, the range leaks | `vmm/reservation_dropped_while_mapped`, `vmm/mapping_escapes_reservation_scope` |
+//! | a physical allocation is not dropped, released or moved while mapped | mapping backed by released memory | `vmm/physical_dropped_while_mapped`, `vmm/physical_released_while_mapped`, `vmm/physical_moved_while_mapped` |
+//! | a reservation is not dropped or freed while mapped | `cuMemAddressFree` fails, the range leaks | `vmm/reservation_dropped_while_mapped`, `vmm/reservation_freed_while_mapped`, `vmm/mapping_escapes_reservation_scope` |
 //! | mappings of one reservation never overlap | `cuMemMap` over a mapped range | `vmm/region_taken_twice`, `vmm/region_used_after_split` |
-//! | a mapping is unmapped once | double unmap, which the driver does not catch | `vmm/mapping_unmapped_twice`, `vmm/mapping_used_after_unmap` |
-//! | no view or address before access is granted | fault on an inaccessible mapping | `access/view_before_grant`, `access/pointer_before_grant` |
-//! | a read-only grant gives no writable view | write to a read-only mapping | `access/write_through_read_only` |
-//! | a view does not outlive its mapping, grant or buffer | use after unmap or free | `view/view_outlives_mapping`, `view/view_outlives_access` |
-//! | only plain data is copied to and from the device | non-`Pod` values made from device bytes | `view/non_pod_copy` |
+//! | a mapping is unmapped once, and not used after | double unmap, which the driver does not catch | `vmm/mapping_unmapped_twice`, `vmm/mapping_used_after_unmap` |
+//! | no view or address before access is granted | use of an inaccessible mapping | `access/view_before_grant`, `access/pointer_before_grant` |
+//! | a read-only grant gives no write path | write to a read-only mapping | `access/write_through_read_only`, `view/read_only_slice_written` |
+//! | one grant of a mapping in use at a time | a read-only grant widened under its views | `access/second_grant_while_access_lives` |
+//! | a view does not outlive its mapping, grant or buffer | use after unmap or free | `view/view_outlives_mapping`, `view/view_outlives_access`, `view/view_outlives_buffer` |
+//! | only plain data is copied to and from the device | invalid values made from device bytes | `view/non_pod_copy`, `view/non_pod_bool_copy` |
 //! | a VMM address never becomes an owning buffer | `cuMemFree` of a VMM address | `view/vmm_address_into_buffer` |
 //!
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
@@ -94,3 +95,8 @@ pub use physical::{
 };
 pub use reservation::{Region, VirtualReservation};
 pub use view::{DeviceSlice, DeviceSliceMut};
+
+/// The README's example, compiled as a doctest so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

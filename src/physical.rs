@@ -121,7 +121,8 @@ pub fn align_size(size: usize, granularity: usize) -> Result<usize, Error> {
         })
 }
 
-/// Checks that `value` is a non-zero multiple of `granularity`.
+/// Checks that `value` is a multiple of `granularity` (zero is one; callers that need a non-zero
+/// value check that first).
 pub(crate) fn check_multiple(
     what: &'static str,
     value: usize,
@@ -168,7 +169,7 @@ impl PhysicalAllocation {
     /// up with [`align_size`] first.
     ///
     /// # Errors
-    /// [`Error::NotAligned`] for a zero size or one that is not a multiple of the granularity;
+    /// [`Error::ZeroSize`] for a zero size; [`Error::NotAligned`] for one that is not a multiple of the granularity;
     /// [`Error::Driver`] with [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY) when the
     /// device has too little free memory, or another driver error.
     #[doc(alias = "cuMemCreate")]
@@ -185,6 +186,11 @@ impl PhysicalAllocation {
         size: usize,
         options: AllocationOptions,
     ) -> Result<PhysicalAllocation, Error> {
+        if size == 0 {
+            return Err(Error::ZeroSize {
+                what: "allocation size",
+            });
+        }
         let granularity = options.granularity(Granularity::Minimum)?;
         check_multiple("allocation size", size, granularity)?;
         let prop = options.raw();

@@ -1,0 +1,114 @@
+//! What the driver does where the safe API forbids the call: checked through raw driver calls, so the
+//! rules the types enforce stay grounded in measured behaviour. One test, run alone in its own process:
+//! touching an ungranted mapping may leave a sticky error in the context.
+
+mod common;
+
+use core::ffi::c_void;
+
+use cuda_vmm::{
+    DriverError, Granularity, PhysicalAllocation, ReadWrite, VirtualReservation,
+    allocation_granularity,
+};
+
+#[repr(C)]
+struct MemLocation {
+    type_: u32,
+    id: i32,
+}
+
+#[repr(C)]
+struct MemAccessDesc {
+    location: MemLocation,
+    flags: u32,
+}
+
+// The same symbols the crate declares, with integer results: no driver value lands in a Rust enum.
+unsafe extern "C" {
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, bytes: usize) -> u32;
+    fn cuMemSetAccess(ptr: u64, size: usize, desc: *const MemAccessDesc, count: usize) -> u32;
+    fn cuMemUnmap(ptr: u64, size: usize) -> u32;
+    fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32;
+}
+
+fn name(code: u32) -> String {
+    DriverError::from_raw(code).map_or_else(|| "CUDA_SUCCESS".to_owned(), |e| e.to_string())
+}
+
+#[test]
+fn driver_refuses_what_the_types_forbid() {
+    let Some((device, ctx)) = common::gpu_or_skip("driver_refuses_what_the_types_forbid") else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let memory = PhysicalAllocation::new(device, g).unwrap();
+    let mut reservation = VirtualReservation::new(2 * g, 0).unwrap();
+    let (mut first, mut second_half) = reservation.region().split_at(g).unwrap();
+    let mut granted = first.map(&memory).unwrap();
+    let ptr = {
+        let mut access = granted.grant(&ctx, ReadWrite).unwrap();
+        access
+            .slice_mut::<u8>()
+            .unwrap()
+            .copy_from_host(&vec![7; g])
+            .unwrap();
+        access.as_raw_ptr()
+    };
+
+    // A double unmap is not caught by the driver: the types must (ui-tests/vmm/mapping_unmapped_twice).
+    // Done on a raw mapping of the reservation's second half, made and unmapped here.
+    let second = second_half.start();
+    // SAFETY: `[second, second + g)` is `second_half`, which nothing maps; `memory` is alive; the range
+    // is unmapped (twice) below before `second_half` is used again.
+    let mapped = unsafe { cuMemMap(second, g, 0, memory.as_raw(), 0) };
+    assert_eq!(mapped, 0, "cuMemMap: {}", name(mapped));
+    // SAFETY: unmaps the range mapped just above.
+    let first_unmap = unsafe { cuMemUnmap(second, g) };
+    // SAFETY: the range is already unmapped; the driver is expected to return success regardless.
+    let second_unmap = unsafe { cuMemUnmap(second, g) };
+    println!(
+        "unmap: {}; unmap again: {}",
+        name(first_unmap),
+        name(second_unmap)
+    );
+    assert_eq!(first_unmap, 0);
+
+    // Mapping over a range that is already mapped (only reachable after `mem::forget(mapping)`, which
+    // ends the borrows but leaves the range mapped): the driver refuses it, so forgetting only leaks.
+    // SAFETY: `[ptr, ptr + g)` is mapped by `granted`; the driver is expected to refuse, and if it did
+    // not, the test fails before anything uses the range.
+    let overmap = unsafe { cuMemMap(ptr, g, 0, memory.as_raw(), 0) };
+    println!("cuMemMap over a mapped range: {}", name(overmap));
+    assert_ne!(overmap, 0, "the driver mapped over a mapped range");
+
+    // Revoking a grant with PROT_NONE (what a scoped grant would do when it ends).
+    let none = MemAccessDesc {
+        location: MemLocation {
+            type_: 1,
+            id: device.as_raw(),
+        },
+        flags: 0,
+    };
+    // SAFETY: `[ptr, ptr + g)` is exactly `granted`'s mapped range; `none` is a valid descriptor.
+    let revoke = unsafe { cuMemSetAccess(ptr, g, &raw const none, 1) };
+    println!(
+        "cuMemSetAccess(PROT_NONE) for the owning device: {}",
+        name(revoke)
+    );
+
+    // Reading a mapping no device may access: the driver refuses it. The types make this unwritable
+    // (ui-tests/access/view_before_grant, pointer_before_grant).
+    let ungranted = second_half.map(&memory).unwrap();
+    let mut host = vec![0u8; 64];
+    // SAFETY: `host` is writable for 64 bytes; the source is mapped (never granted), so the driver
+    // either refuses the copy or fails it; it cannot write elsewhere.
+    let read = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), second, host.len()) };
+    println!("copy from an ungranted mapping: {}", name(read));
+    assert_ne!(read, 0, "the driver let an ungranted mapping be read");
+    println!(
+        "context afterwards: {:?}",
+        ctx.synchronize().map_err(|e| e.to_string())
+    );
+    drop(ungranted);
+    drop(granted);
+}

@@ -1,0 +1,66 @@
+//! Compile-time facts about every public type: thread-safety and size. A wrong fact fails the build of
+//! this file (and so `cargo test`), so there is no output to drift and no run-time test here.
+
+use core::mem::size_of;
+
+use cuda_vmm::{
+    Access, AllocationOptions, Context, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut,
+    DriverError, Error, Granularity, Location, Mapping, PhysicalAllocation, ReadOnly, ReadWrite,
+    Region, VirtualReservation,
+};
+use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
+
+// Owned driver objects move between threads and are shared by reference: the driver API is
+// thread-safe and none of them has interior state of its own.
+assert_impl_all!(Context: Send, Sync);
+assert_impl_all!(PhysicalAllocation: Send, Sync);
+assert_impl_all!(VirtualReservation: Send, Sync);
+assert_impl_all!(Device: Send, Sync, Copy);
+assert_impl_all!(DriverError: Send, Sync, Copy, std::error::Error);
+assert_impl_all!(Error: Send, Sync, std::error::Error);
+assert_impl_all!(Granularity: Send, Sync, Copy);
+assert_impl_all!(Location: Send, Sync, Copy);
+assert_impl_all!(AllocationOptions: Send, Sync, Copy);
+
+// Borrowing types: Send and Sync, so disjoint regions, mappings and views can be used from several
+// threads at once (the concurrency tests rely on it).
+assert_impl_all!(Region<'static>: Send, Sync);
+assert_impl_all!(Mapping<'static, 'static>: Send, Sync);
+assert_impl_all!(Access<'static, ReadWrite>: Send, Sync);
+assert_impl_all!(Access<'static, ReadOnly>: Send, Sync);
+assert_impl_all!(DeviceSlice<'static, u32>: Send, Sync, Copy);
+assert_impl_all!(DeviceSliceMut<'static, u32>: Send, Sync);
+assert_impl_all!(DeviceBuffer<'static, u32>: Send, Sync);
+
+// Exclusive things are not copyable: a copy would be a second owner (double unmap, double free) or a
+// second writer.
+assert_not_impl_any!(Region<'static>: Clone, Copy);
+assert_not_impl_any!(Mapping<'static, 'static>: Clone, Copy);
+assert_not_impl_any!(Access<'static, ReadWrite>: Clone, Copy);
+assert_not_impl_any!(DeviceSliceMut<'static, u32>: Clone, Copy);
+assert_not_impl_any!(PhysicalAllocation: Clone, Copy);
+assert_not_impl_any!(VirtualReservation: Clone, Copy);
+assert_not_impl_any!(Context: Clone, Copy);
+assert_not_impl_any!(DeviceBuffer<'static, u32>: Clone, Copy);
+
+// Zero cost: each safe type is exactly the raw data the driver calls need.
+/// The raw data of a mapping, region or reservation: `CUdeviceptr` and `size_t`.
+type RawRange = (u64, usize);
+assert_eq_size!(Mapping<'static, 'static>, RawRange);
+assert_eq_size!(Region<'static>, RawRange);
+assert_eq_size!(VirtualReservation, RawRange);
+assert_eq_size!(Device, i32);
+assert_eq_size!(DriverError, u32);
+assert_eq_size!(Option<DriverError>, u32);
+assert_eq_size!(cuda_vmm::Result<()>, u32);
+// A context is its handle plus its device; a view is the address, length and the context copies use.
+assert_eq_size!(Context, (usize, i32));
+assert_eq_size!(DeviceSlice<'static, u32>, (u64, usize, usize));
+assert_eq_size!(DeviceSliceMut<'static, u32>, (u64, usize, usize));
+const_assert_eq!(
+    size_of::<Access<'static, ReadWrite>>(),
+    size_of::<Access<'static, ReadOnly>>()
+);
+// The mode is a type, not a field: both modes are zero-sized.
+assert_eq_size!(ReadWrite, ());
+assert_eq_size!(ReadOnly, ());
