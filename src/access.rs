@@ -203,6 +203,73 @@ impl<'a> Access<'a, ReadWrite> {
     }
 }
 
+/// An [`Access`] that is revoked when it ends: made by
+/// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped). Use it as the `Access` it dereferences to.
+///
+/// When it ends (drop, or [`revoke`](ScopedAccess::revoke)), every granted context is synchronised and
+/// every granted device is set back to no access. Forgetting it (`mem::forget`) leaves the access
+/// granted until the mapping is unmapped: views cannot outlive it either way, since they borrow it.
+pub struct ScopedAccess<'a, M: AccessMode> {
+    access: Access<'a, M>,
+}
+
+impl<M: AccessMode> fmt::Debug for ScopedAccess<'_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ScopedAccess").field(&self.access).finish()
+    }
+}
+
+impl<'a, M: AccessMode> ScopedAccess<'a, M> {
+    pub(crate) fn new(access: Access<'a, M>) -> ScopedAccess<'a, M> {
+        ScopedAccess { access }
+    }
+
+    /// Ends the grant and reports the driver's answer, which `drop` ignores.
+    ///
+    /// # Errors
+    /// The error of a synchronisation (work on a granted device failed) or of `cuMemSetAccess`.
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn revoke(self) -> Result<(), Error> {
+        let this = core::mem::ManuallyDrop::new(self);
+        this.end()
+    }
+
+    fn end(&self) -> Result<(), Error> {
+        let a = &self.access;
+        // Finish all work that may touch the mapping before access goes away; revoke even if a
+        // synchronisation reports an (older, sticky) error, then report the first error.
+        let synced: Result<(), Error> = a.contexts.iter().try_for_each(|c| Ok(c.synchronize()?));
+        let revoked = crate::mapping::set_access(
+            a.ptr,
+            a.size,
+            a.contexts,
+            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        );
+        synced?;
+        Ok(revoked?)
+    }
+}
+
+impl<'a, M: AccessMode> core::ops::Deref for ScopedAccess<'a, M> {
+    type Target = Access<'a, M>;
+    fn deref(&self) -> &Access<'a, M> {
+        &self.access
+    }
+}
+
+impl<'a, M: AccessMode> core::ops::DerefMut for ScopedAccess<'a, M> {
+    fn deref_mut(&mut self) -> &mut Access<'a, M> {
+        &mut self.access
+    }
+}
+
+impl<M: AccessMode> Drop for ScopedAccess<'_, M> {
+    fn drop(&mut self) {
+        // Errors are ignored: `drop` cannot return them; call `revoke` to see them.
+        let _ = self.end();
+    }
+}
+
 /// How many `T`s fill `bytes` exactly.
 pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
     let element_size = size_of::<T>();

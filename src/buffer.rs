@@ -7,6 +7,7 @@ use bytemuck::Pod;
 
 use crate::device::Context;
 use crate::error::{Error, check};
+use crate::peer::PeerAccess;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 
@@ -113,6 +114,51 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     #[must_use]
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
         DeviceSliceMut::from_granted(self.ptr, self.len, self.context)
+    }
+
+    /// A read-only view of the whole buffer for the *peer* context of `access`: copies (and kernels given
+    /// its address) run on the accessing device and read this buffer's memory directly.
+    ///
+    /// The view borrows the guard, so peer access cannot be disabled while the view lives.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] where `access` does not open this buffer's context (`access.to()`), so
+    /// a guard of the other direction is refused.
+    pub fn peer_slice<'g>(
+        &'g self,
+        access: &'g PeerAccess<'_>,
+    ) -> Result<DeviceSlice<'g, T>, Error> {
+        self.check_peer(access)?;
+        Ok(DeviceSlice::from_granted(self.ptr, self.len, access.from()))
+    }
+
+    /// A writable view of the whole buffer for the peer context of `access`; see
+    /// [`peer_slice`](DeviceBuffer::peer_slice).
+    ///
+    /// # Errors
+    /// As [`peer_slice`](DeviceBuffer::peer_slice).
+    pub fn peer_slice_mut<'g>(
+        &'g mut self,
+        access: &'g PeerAccess<'_>,
+    ) -> Result<DeviceSliceMut<'g, T>, Error> {
+        self.check_peer(access)?;
+        Ok(DeviceSliceMut::from_granted(
+            self.ptr,
+            self.len,
+            access.from(),
+        ))
+    }
+
+    fn check_peer(&self, access: &PeerAccess<'_>) -> Result<(), Error> {
+        let (expected, found) = (self.context.device(), access.to().device());
+        if expected == found {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                expected: expected.as_raw(),
+                found: found.as_raw(),
+            })
+        }
     }
 
     /// `cuMemFree` — free the buffer and report the driver's answer, which `drop` ignores.

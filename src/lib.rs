@@ -79,21 +79,27 @@ mod buffer;
 mod device;
 mod error;
 mod mapping;
+mod module;
+mod peer;
 mod physical;
 mod reservation;
 mod sys;
+mod transfer;
 mod view;
 
-pub use access::{Access, AccessMode, ReadOnly, ReadWrite};
+pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
 pub use buffer::DeviceBuffer;
 pub use device::{Context, Device, driver_version, init};
 pub use error::{DriverError, Error, Result};
 pub use mapping::Mapping;
+pub use module::{Function, Module};
+pub use peer::{P2PAttributes, PeerAccess, PeerLink, can_access_peer, p2p_attributes};
 pub use physical::{
     AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,
     allocation_granularity,
 };
 pub use reservation::{Region, VirtualReservation};
+pub use transfer::{CopyPath, Route, STAGING_CHUNK_BYTES, copy_between};
 pub use view::{DeviceSlice, DeviceSliceMut};
 
 /// The README's example, compiled as a doctest so that it stays true.

@@ -4,7 +4,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
-use crate::access::{Access, AccessMode, Contexts};
+use crate::access::{Access, AccessMode, Contexts, ScopedAccess};
 use crate::device::Context;
 use crate::error::{Error, Result, check};
 use crate::physical::PhysicalAllocation;
@@ -101,24 +101,30 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         Ok(self.grant_contexts(Contexts::Many(contexts), mode)?)
     }
 
+    /// `cuMemSetAccess` — as [`grant_all`](Mapping::grant_all), revoked again when the returned
+    /// [`ScopedAccess`] ends: each granted context is synchronised, then every granted device is set back
+    /// to no access (`CU_MEM_ACCESS_FLAGS_PROT_NONE`).
+    ///
+    /// This is how a peer device is opened to a VMM mapping for a while: context peer access
+    /// ([`PeerAccess`](crate::PeerAccess)) does not open VMM mappings; grants do.
+    ///
+    /// # Errors
+    /// As [`grant_all`](Mapping::grant_all).
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_scoped<'a, M: AccessMode>(
+        &'a mut self,
+        contexts: &'a [&'a Context],
+        mode: M,
+    ) -> Result<ScopedAccess<'a, M>, Error> {
+        Ok(ScopedAccess::new(self.grant_all(contexts, mode)?))
+    }
+
     fn grant_contexts<'a, M: AccessMode>(
         &'a mut self,
         contexts: Contexts<'a>,
         mode: M,
     ) -> Result<Access<'a, M>> {
-        let descs: Vec<sys::CUmemAccessDesc> = contexts
-            .iter()
-            .map(|c| sys::CUmemAccessDesc {
-                location: sys::CUmemLocation {
-                    type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: c.device().as_raw(),
-                },
-                flags: M::FLAGS,
-            })
-            .collect();
-        // SAFETY: `[ptr, ptr + size)` is exactly the mapped range this value owns; `descs` is a live,
-        // initialised array of `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
-        check(unsafe { sys::cuMemSetAccess(self.ptr, self.size, descs.as_ptr(), descs.len()) })?;
+        set_access(self.ptr, self.size, contexts, M::FLAGS)?;
         Ok(Access::new(self.ptr, self.size, contexts, mode))
     }
 
@@ -139,6 +145,28 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         check(unsafe { sys::cuMemUnmap(this.ptr, this.size) })?;
         Ok(Region::from_unmapped(this.ptr, this.size))
     }
+}
+
+/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, for every device of `contexts`.
+pub(crate) fn set_access(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    contexts: Contexts<'_>,
+    flags: u32,
+) -> Result<()> {
+    let descs: Vec<sys::CUmemAccessDesc> = contexts
+        .iter()
+        .map(|c| sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: c.device().as_raw(),
+            },
+            flags,
+        })
+        .collect();
+    // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
+    // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
+    check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
 }
 
 impl Drop for Mapping<'_, '_> {

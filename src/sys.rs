@@ -17,7 +17,8 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::mem::{align_of, offset_of, size_of};
 
 pub(crate) use cuda_driver_sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUstream,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmemGenericAllocationHandle, CUmodule,
+    CUstream,
 };
 
 /// A raw `CUresult`: an integer, so that codes no header knew about are representable.
@@ -40,6 +41,17 @@ pub(crate) const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int 
 pub(crate) const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+// `CUdevice_P2PAttribute`
+pub(crate) const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: c_int = 1;
+pub(crate) const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: c_int = 2;
+pub(crate) const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
+pub(crate) const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: c_int = 4;
+// Flags
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_NONE: u32 = 0;
+pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 1;
+pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
 
 /// Mirror of `CUmemLocation` with an integer `type`.
 #[repr(C)]
@@ -185,5 +197,66 @@ unsafe extern "C" {
     pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
 
     pub(crate) fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    pub(crate) fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
+    pub(crate) fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
+    pub(crate) fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
+    pub(crate) fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
+    pub(crate) fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+    pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+    pub(crate) fn cuEventSynchronize(event: CUevent) -> CUresult;
+
+    pub(crate) fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+    pub(crate) fn cuMemFreeHost(p: *mut c_void) -> CUresult;
+    pub(crate) fn cuMemcpyHtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: *const c_void,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub(crate) fn cuMemcpyDtoHAsync_v2(
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub(crate) fn cuMemcpyPeer(
+        dst: CUdeviceptr,
+        dst_ctx: CUcontext,
+        src: CUdeviceptr,
+        src_ctx: CUcontext,
+        bytes: usize,
+    ) -> CUresult;
+
+    pub(crate) fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice)
+    -> CUresult;
+    pub(crate) fn cuDeviceGetP2PAttribute(
+        value: *mut c_int,
+        attrib: c_int,
+        src: CUdevice,
+        dst: CUdevice,
+    ) -> CUresult;
+    pub(crate) fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult;
+    pub(crate) fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult;
+
+    pub(crate) fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult;
+    pub(crate) fn cuModuleUnload(module: CUmodule) -> CUresult;
+    pub(crate) fn cuModuleGetFunction(
+        func: *mut CUfunction,
+        module: CUmodule,
+        name: *const c_char,
+    ) -> CUresult;
+    pub(crate) fn cuLaunchKernel(
+        f: CUfunction,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_bytes: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
 
 }

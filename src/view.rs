@@ -150,6 +150,11 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
         }
     }
 
+    /// The address, length and context: for the copy routines of this crate.
+    pub(crate) fn parts(&self) -> (sys::CUdeviceptr, usize, &'a Context) {
+        (self.ptr, self.len, self.context)
+    }
+
     /// The number of elements.
     #[must_use]
     pub fn len(&self) -> usize {
