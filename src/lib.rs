@@ -57,6 +57,14 @@
 //! | a view does not outlive its mapping, grant or buffer | use after unmap or free | `view/view_outlives_mapping`, `view/view_outlives_access`, `view/view_outlives_buffer` |
 //! | only plain data is copied to and from the device | invalid values made from device bytes | `view/non_pod_copy`, `view/non_pod_bool_copy` |
 //! | a VMM address never becomes an owning buffer | `cuMemFree` of a VMM address | `view/vmm_address_into_buffer` |
+//! | peer access is enabled only with the driver's yes (a [`PeerLink`]) | `cuCtxEnablePeerAccess` on an unsupported pair | `peer/enable_without_capability` |
+//! | a peer-access guard does not outlive its contexts | peer access to a released context | `peer/guard_outlives_context` |
+//! | peer memory is not used after its access ends | use of peer memory after `cuCtxDisablePeerAccess` | `peer/peer_view_after_guard_ended`, `peer/guard_disabled_while_view_lives` |
+//! | a scoped grant does not outlive its mapping, nor its views the grant | use after unmap or revoke | `peer/scoped_grant_outlives_mapping`, `peer/scoped_view_outlives_grant` |
+//!
+//! A peer view for a guard of the other direction is refused at run time
+//! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
+//! apart.
 //!
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
@@ -99,7 +107,9 @@ pub use physical::{
     allocation_granularity,
 };
 pub use reservation::{Region, VirtualReservation};
-pub use transfer::{CopyPath, Route, STAGING_CHUNK_BYTES, copy_between};
+pub use transfer::{
+    CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,
+};
 pub use view::{DeviceSlice, DeviceSliceMut};
 
 /// The README's example, compiled as a doctest so that it stays true.

@@ -57,6 +57,30 @@ pub fn copy_between<T: Pod>(
     src: &DeviceSlice<'_, T>,
     route: Route,
 ) -> Result<CopyPath, Error> {
+    copy(dst, src, route, None)
+}
+
+/// As [`copy_between`], with the pinned memory of the staged path taken from `staging` rather than
+/// allocated for this copy: pinning host memory costs far more than a chunk's transfer, so a caller that
+/// copies repeatedly keeps one [`Staging`].
+///
+/// # Errors
+/// As [`copy_between`].
+pub fn copy_between_with<T: Pod>(
+    dst: &mut DeviceSliceMut<'_, T>,
+    src: &DeviceSlice<'_, T>,
+    route: Route,
+    staging: &mut Staging,
+) -> Result<CopyPath, Error> {
+    copy(dst, src, route, Some(staging))
+}
+
+fn copy<T: Pod>(
+    dst: &mut DeviceSliceMut<'_, T>,
+    src: &DeviceSlice<'_, T>,
+    route: Route,
+    staging: Option<&mut Staging>,
+) -> Result<CopyPath, Error> {
     if dst.len() != src.len() {
         return Err(Error::LengthMismatch {
             expected: dst.len(),
@@ -95,14 +119,14 @@ pub fn copy_between<T: Pod>(
             src_ctx.synchronize()?;
             dst_ctx.synchronize()?;
         }
-        CopyPath::Staged => staged(
-            dst_ptr,
-            dst_ctx,
-            src_ptr,
-            src_ctx,
-            bytes,
-            STAGING_CHUNK_BYTES,
-        )?,
+        CopyPath::Staged => {
+            let mut own = None;
+            let staging = match staging {
+                Some(staging) => staging,
+                None => own.insert(Staging::new(src_ctx, STAGING_CHUNK_BYTES.min(bytes))?),
+            };
+            staged(dst_ptr, dst_ctx, src_ptr, src_ctx, bytes, staging)?;
+        }
     }
     Ok(path)
 }
@@ -190,26 +214,72 @@ impl PinnedHost {
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
-        // SAFETY: memory from `cuMemHostAlloc`, freed once, after the streams using it were synchronised
-        // (they are dropped first: declared later in `staged`). Errors are ignored (`drop`).
+        // SAFETY: memory from `cuMemHostAlloc`, freed once. Only `staged` queues work on it, and its
+        // streams are synchronised (when dropped) before it returns. Errors are ignored (`drop`).
         let _ = unsafe { sys::cuMemFreeHost(self.ptr) };
     }
 }
 
+/// Two chunks of pinned host memory for the staged path of [`copy_between_with`], reusable across
+/// copies and devices (`CU_MEMHOSTALLOC_PORTABLE`). Freed on drop.
+pub struct Staging {
+    buffers: [PinnedHost; 2],
+    chunk: usize,
+}
+
+// SAFETY: `Staging` owns its page-locked host memory outright (no other pointer to it exists outside a
+// copy, which borrows `Staging` mutably); portable pinned memory has no thread or context affinity.
+unsafe impl Send for Staging {}
+// SAFETY: `&Staging` gives access to nothing but the chunk size.
+unsafe impl Sync for Staging {}
+
+impl core::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Staging")
+            .field("chunk_bytes", &self.chunk)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Staging {
+    /// `cuMemHostAlloc` — two pinned chunks of `chunk_bytes` each (made with `context` current).
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero chunk size; the driver's error otherwise.
+    #[doc(alias = "cuMemHostAlloc")]
+    pub fn new(context: &Context, chunk_bytes: usize) -> Result<Staging, Error> {
+        if chunk_bytes == 0 {
+            return Err(Error::ZeroSize {
+                what: "staging chunk",
+            });
+        }
+        context.bind_to_thread()?;
+        let buffers = [PinnedHost::new(chunk_bytes)?, PinnedHost::new(chunk_bytes)?];
+        Ok(Staging {
+            buffers,
+            chunk: chunk_bytes,
+        })
+    }
+
+    /// The size of each chunk in bytes.
+    #[must_use]
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk
+    }
+}
+
 /// The double-buffered staged copy of `bytes` from `src` (reachable from `src_ctx`) to `dst`
-/// (reachable from `dst_ctx`), in chunks of `chunk` bytes.
+/// (reachable from `dst_ctx`), in chunks of the staging memory's size.
 fn staged(
     dst: sys::CUdeviceptr,
     dst_ctx: &Context,
     src: sys::CUdeviceptr,
     src_ctx: &Context,
     bytes: usize,
-    chunk: usize,
+    staging: &mut Staging,
 ) -> Result<(), Error> {
-    let chunk = chunk.min(bytes);
-    src_ctx.bind_to_thread()?;
-    // Declared before the streams, so dropped after them: no stream can still use the memory.
-    let buffers = [PinnedHost::new(chunk)?, PinnedHost::new(chunk)?];
+    let (buffers, chunk) = (&staging.buffers, staging.chunk);
+    // The streams are dropped (and so synchronised) before `staging` is released by the caller.
     let down_done = [Event::new(src_ctx)?, Event::new(src_ctx)?];
     let up_done = [Event::new(dst_ctx)?, Event::new(dst_ctx)?];
     let down = Stream::new(src_ctx)?;

@@ -96,6 +96,28 @@ fn driver_refuses_what_the_types_forbid() {
         name(revoke)
     );
 
+    // A scoped grant closes the mapping again when it ends.
+    {
+        let contexts = [&ctx];
+        let scoped = granted.grant_scoped(&contexts, ReadWrite).unwrap();
+        let mut host = vec![0u8; 64];
+        scoped
+            .slice::<u8>()
+            .unwrap()
+            .slice(..64)
+            .unwrap()
+            .copy_to_host(&mut host)
+            .unwrap();
+        assert_eq!(host, vec![7; 64]);
+        scoped.revoke().unwrap();
+    }
+    let mut host = vec![0u8; 64];
+    // SAFETY: `host` is writable for 64 bytes; the source is mapped, its grant revoked: the driver
+    // refuses or fails the copy, and cannot write elsewhere.
+    let after_revoke = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptr, host.len()) };
+    println!("copy after a scoped grant ended: {}", name(after_revoke));
+    assert_ne!(after_revoke, 0, "a revoked grant still opens the mapping");
+
     // Reading a mapping no device may access: the driver refuses it. The types make this unwritable
     // (ui-tests/access/view_before_grant, pointer_before_grant).
     let ungranted = second_half.map(&memory).unwrap();

@@ -61,3 +61,36 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
         .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
         .collect()
 }
+
+/// The `add_one(u32 *dst, const u32 *src, u32 n)` kernel's PTX: `dst[i] = src[i] + 1`.
+pub fn add_one_ptx() -> std::ffi::CString {
+    std::ffi::CString::new(include_str!("../../examples/kernels/add_one.ptx"))
+        .expect("PTX has no NUL byte")
+}
+
+/// Runs `add_one` on `ctx`'s device: `dst[i] = src[i] + 1` for `n` elements.
+///
+/// # Safety
+/// `dst` and `src` must be device addresses of at least `n` `u32`s, reachable from `ctx`'s device (granted
+/// VMM memory, its own buffers, or peer buffers under a live `PeerAccess`), alive and not otherwise used
+/// until this returns.
+pub unsafe fn add_one(
+    ctx: &Context,
+    mut dst: u64,
+    mut src: u64,
+    n: usize,
+) -> Result<(), cuda_vmm::Error> {
+    use core::ffi::c_void;
+    let module = cuda_vmm::Module::load_ptx(ctx, &add_one_ptx())?;
+    let kernel = module.function(c"add_one")?;
+    let mut n32 = u32::try_from(n).expect("n fits u32");
+    let mut params = [
+        (&raw mut dst).cast::<c_void>(),
+        (&raw mut src).cast::<c_void>(),
+        (&raw mut n32).cast::<c_void>(),
+    ];
+    let blocks = n32.div_ceil(256);
+    // SAFETY: the parameters are (u64, u64, u32) as the kernel declares; the caller guarantees both
+    // addresses for `n` elements for the whole launch, which waits for the kernel to finish.
+    unsafe { kernel.launch((blocks, 1, 1), (256, 1, 1), &mut params) }
+}

@@ -1,0 +1,340 @@
+//! Peer access, scoped grants, kernels and the fallback copy. Single-GPU parts run on any GPU; the
+//! multi-GPU parts take every device the machine has and skip visibly with fewer than two.
+
+mod common;
+
+use common::{add_one, gpu_or_skip, gpus_or_skip, pattern};
+use cuda_vmm::{
+    Context, CopyPath, DeviceBuffer, Error, Granularity, PeerAccess, PhysicalAllocation, ReadWrite,
+    Route, STAGING_CHUNK_BYTES, Staging, VirtualReservation, allocation_granularity,
+    can_access_peer, copy_between, copy_between_with, p2p_attributes,
+};
+
+#[test]
+fn kernel_reads_and_writes_granted_vmm_memory() {
+    let Some((device, ctx)) = gpu_or_skip("kernel_reads_and_writes_granted_vmm_memory") else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let memory = PhysicalAllocation::new(device, 2 * g).unwrap();
+    let mut reservation = VirtualReservation::new(2 * g, 0).unwrap();
+    let mut region = reservation.region();
+    let mut mapping = region.map(&memory).unwrap();
+    let mut access = mapping.grant(&ctx, ReadWrite).unwrap();
+    let (src_view, dst_view) = access
+        .slice_mut::<u32>()
+        .unwrap()
+        .split_at_mut(g / 4)
+        .unwrap();
+    let mut src_view = src_view;
+    let input = pattern(g / 4, 5);
+    src_view.copy_from_host(&input).unwrap();
+    // SAFETY: both halves are granted to `ctx`'s device, `g / 4` u32s each, and stay borrowed (alive,
+    // unused) across the call.
+    unsafe { add_one(&ctx, dst_view.as_raw_ptr(), src_view.as_raw_ptr(), g / 4) }.unwrap();
+    let expected: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
+    assert_eq!(dst_view.to_vec().unwrap(), expected);
+}
+
+#[test]
+fn staged_copy_equals_direct_copy_on_one_device() {
+    let Some((_, ctx)) = gpu_or_skip("staged_copy_equals_direct_copy_on_one_device") else {
+        return;
+    };
+    // Not a whole number of chunks, so the last chunk is short; more than two, so both buffers recycle.
+    let len = (3 * STAGING_CHUNK_BYTES + 12_345 * 4) / 4;
+    let input = pattern(len, 21);
+    let src = DeviceBuffer::from_host(&ctx, &input).unwrap();
+    let mut direct = DeviceBuffer::<u32>::zeroed(&ctx, len).unwrap();
+    let mut staged = DeviceBuffer::<u32>::zeroed(&ctx, len).unwrap();
+    let path = copy_between(&mut direct.as_mut_slice(), &src.as_slice(), Route::Direct).unwrap();
+    assert_eq!(path, CopyPath::Direct);
+    let path = copy_between(&mut staged.as_mut_slice(), &src.as_slice(), Route::Staged).unwrap();
+    assert_eq!(path, CopyPath::Staged);
+    let (d, s) = (
+        direct.as_slice().to_vec().unwrap(),
+        staged.as_slice().to_vec().unwrap(),
+    );
+    assert!(
+        d == input && s == input,
+        "direct and staged copies differ from the source"
+    );
+    let path = copy_between(&mut staged.as_mut_slice(), &direct.as_slice(), Route::Auto).unwrap();
+    assert_eq!(
+        path,
+        CopyPath::Direct,
+        "one device: Auto takes the direct path"
+    );
+
+    // Reused staging memory with an odd chunk size (not a multiple of the element size) copies the
+    // same bytes, twice in a row.
+    let mut staging = Staging::new(&ctx, (1 << 20) + 3).unwrap();
+    let mut again = DeviceBuffer::<u32>::zeroed(&ctx, len).unwrap();
+    for _ in 0..2 {
+        let path = copy_between_with(
+            &mut again.as_mut_slice(),
+            &src.as_slice(),
+            Route::Staged,
+            &mut staging,
+        );
+        assert_eq!(path.unwrap(), CopyPath::Staged);
+        assert!(
+            again.as_slice().to_vec().unwrap() == input,
+            "reused staging memory"
+        );
+    }
+    assert_eq!(
+        Staging::new(&ctx, 0).unwrap_err(),
+        Error::ZeroSize {
+            what: "staging chunk"
+        }
+    );
+
+    let mut short = DeviceBuffer::<u32>::zeroed(&ctx, 3).unwrap();
+    let e = copy_between(&mut short.as_mut_slice(), &src.as_slice(), Route::Staged).unwrap_err();
+    assert_eq!(
+        e,
+        Error::LengthMismatch {
+            expected: 3,
+            found: len
+        }
+    );
+}
+
+#[test]
+fn peer_queries_on_one_device_change_nothing() {
+    let Some((device, _ctx)) = gpu_or_skip("peer_queries_on_one_device_change_nothing") else {
+        return;
+    };
+    assert_eq!(
+        can_access_peer(device, device).unwrap(),
+        None,
+        "a device is not its own peer"
+    );
+    let attributes = p2p_attributes(device, device);
+    println!("p2p_attributes({device:?}, {device:?}): {attributes:?}");
+    assert!(attributes.is_err());
+}
+
+/// Every ordered pair of distinct devices with its peer link, where the driver reports one.
+fn linked_pairs(gpus: &[(cuda_vmm::Device, Context)]) -> Vec<(usize, usize, cuda_vmm::PeerLink)> {
+    let mut pairs = Vec::new();
+    for (i, (a, _)) in gpus.iter().enumerate() {
+        for (j, (b, _)) in gpus.iter().enumerate() {
+            if i != j {
+                match can_access_peer(*a, *b).unwrap() {
+                    Some(link) => pairs.push((i, j, link)),
+                    None => println!("{a:?} cannot access {b:?}: its peer tests fall back"),
+                }
+            }
+        }
+    }
+    pairs
+}
+
+#[test]
+fn peer_guard_gates_buffer_access_in_every_direction() {
+    let Some(gpus) = gpus_or_skip("peer_guard_gates_buffer_access_in_every_direction", 2) else {
+        return;
+    };
+    for (i, j, link) in linked_pairs(&gpus) {
+        let ((_, from), (_, to)) = (&gpus[i], &gpus[j]);
+        let attributes = p2p_attributes(link.from(), link.to()).unwrap();
+        println!("{:?} -> {:?}: {attributes:?}", link.from(), link.to());
+        assert!(attributes.access_supported);
+
+        let input = pattern(1 << 16, (i * 16 + j) as u32);
+        let remote = DeviceBuffer::from_host(to, &input).unwrap();
+        let mut local = DeviceBuffer::<u32>::zeroed(from, input.len()).unwrap();
+        let guard = PeerAccess::enable(from, to, link).unwrap();
+        let peer_view = remote.peer_slice(&guard).unwrap();
+        assert_eq!(peer_view.device(), link.from());
+        assert_eq!(
+            peer_view.to_vec().unwrap(),
+            input,
+            "copy issued on the peer's context"
+        );
+
+        let out = local.as_mut_slice();
+        // SAFETY: `peer_view` is `to`'s buffer opened to `from` by the live guard; `out` is `from`'s own
+        // buffer; both hold `input.len()` u32s and stay borrowed across the call.
+        unsafe { add_one(from, out.as_raw_ptr(), peer_view.as_raw_ptr(), input.len()) }.unwrap();
+        let expected: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
+        assert_eq!(
+            local.as_slice().to_vec().unwrap(),
+            expected,
+            "kernel on {i} reading {j}'s memory"
+        );
+
+        // A guard of the other direction does not open this buffer.
+        let reverse = PeerAccess::enable(
+            to,
+            from,
+            can_access_peer(link.to(), link.from()).unwrap().unwrap(),
+        );
+        if let Ok(reverse) = reverse {
+            assert!(matches!(
+                remote.peer_slice(&reverse),
+                Err(Error::DeviceMismatch { .. })
+            ));
+            reverse.disable().unwrap();
+        }
+        guard.disable().unwrap();
+    }
+}
+
+#[test]
+fn overlapping_guards_and_already_enabled_are_not_errors() {
+    let Some(gpus) = gpus_or_skip("overlapping_guards_and_already_enabled_are_not_errors", 2)
+    else {
+        return;
+    };
+    for (i, j, link) in linked_pairs(&gpus) {
+        let ((_, from), (_, to)) = (&gpus[i], &gpus[j]);
+        let input = pattern(4096, 77);
+        let remote = DeviceBuffer::from_host(to, &input).unwrap();
+        let mut local = DeviceBuffer::<u32>::zeroed(from, input.len()).unwrap();
+        let first = PeerAccess::enable(from, to, link).unwrap();
+        let second = PeerAccess::enable(from, to, link).unwrap();
+        first.disable().unwrap();
+        // Access stays enabled while `second` lives: a kernel on `from` still reads `to`'s memory.
+        let view = remote.peer_slice(&second).unwrap();
+        let out = local.as_mut_slice();
+        // SAFETY: as in `peer_guard_gates_buffer_access_in_every_direction`, under `second`.
+        unsafe { add_one(from, out.as_raw_ptr(), view.as_raw_ptr(), input.len()) }.unwrap();
+        assert_eq!(
+            local.as_slice().to_vec().unwrap()[..4],
+            [input[0] + 1, input[1] + 1, input[2] + 1, input[3] + 1]
+        );
+        second.disable().unwrap();
+        // Enabling again after every guard ended works, and so does ending it again.
+        PeerAccess::enable(from, to, link)
+            .unwrap()
+            .disable()
+            .unwrap();
+    }
+}
+
+#[test]
+fn forced_staged_copy_equals_direct_copy_across_devices() {
+    let Some(gpus) = gpus_or_skip("forced_staged_copy_equals_direct_copy_across_devices", 2) else {
+        return;
+    };
+    let len = (2 * STAGING_CHUNK_BYTES + 4 * 999) / 4;
+    for (i, (_, a)) in gpus.iter().enumerate() {
+        for (j, (_, b)) in gpus.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let input = pattern(len, (i * 8 + j) as u32);
+            let src = DeviceBuffer::from_host(a, &input).unwrap();
+            let mut direct = DeviceBuffer::<u32>::zeroed(b, len).unwrap();
+            let mut staged = DeviceBuffer::<u32>::zeroed(b, len).unwrap();
+            assert_eq!(
+                copy_between(&mut direct.as_mut_slice(), &src.as_slice(), Route::Direct).unwrap(),
+                CopyPath::Direct
+            );
+            assert_eq!(
+                copy_between(&mut staged.as_mut_slice(), &src.as_slice(), Route::Staged).unwrap(),
+                CopyPath::Staged
+            );
+            let (d, s) = (
+                direct.as_slice().to_vec().unwrap(),
+                staged.as_slice().to_vec().unwrap(),
+            );
+            assert!(d == s, "{i} -> {j}: staged bytes differ from direct bytes");
+            assert!(
+                d == input,
+                "{i} -> {j}: copied bytes differ from the source"
+            );
+            let auto =
+                copy_between(&mut direct.as_mut_slice(), &src.as_slice(), Route::Auto).unwrap();
+            let expected = if can_access_peer(b.device(), a.device()).unwrap().is_some() {
+                CopyPath::Direct
+            } else {
+                CopyPath::Staged
+            };
+            assert_eq!(auto, expected, "{i} -> {j}: Auto path");
+        }
+    }
+}
+
+#[test]
+fn one_reservation_is_one_address_on_every_device() {
+    let Some(gpus) = gpus_or_skip("one_reservation_is_one_address_on_every_device", 2) else {
+        return;
+    };
+    let contexts: Vec<&Context> = gpus.iter().map(|(_, c)| c).collect();
+    for (home, (home_device, _)) in gpus.iter().enumerate() {
+        let g = allocation_granularity(*home_device, Granularity::Minimum).unwrap();
+        let memory = PhysicalAllocation::new(*home_device, g).unwrap();
+        let mut reservation = VirtualReservation::new(g, 0).unwrap();
+        let mut region = reservation.region();
+        let mut mapping = region.map(&memory).unwrap();
+        let mut access = mapping.grant_all(&contexts, ReadWrite).unwrap();
+        let input = pattern(g / 4, home as u32);
+        access
+            .slice_mut_on::<u32>(*home_device)
+            .unwrap()
+            .copy_from_host(&input)
+            .unwrap();
+        for (device, ctx) in &gpus {
+            let view = access.slice_on::<u32>(*device).unwrap();
+            assert_eq!(
+                view.as_raw_ptr(),
+                access.as_raw_ptr(),
+                "one address for every device"
+            );
+            assert_eq!(
+                view.to_vec().unwrap(),
+                input,
+                "{device:?} reads {home_device:?}'s memory"
+            );
+            let mut out = DeviceBuffer::<u32>::zeroed(ctx, input.len()).unwrap();
+            let out_view = out.as_mut_slice();
+            // SAFETY: the mapping is granted to `device`; `out` is its own buffer; both hold `g / 4`
+            // u32s and stay borrowed across the call.
+            unsafe { add_one(ctx, out_view.as_raw_ptr(), view.as_raw_ptr(), input.len()) }.unwrap();
+            let got = out.as_slice().to_vec().unwrap();
+            assert!(
+                got.iter().zip(&input).all(|(o, i)| *o == i.wrapping_add(1)),
+                "kernel on {device:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn scoped_peer_grant_opens_and_closes_a_vmm_mapping() {
+    let Some(gpus) = gpus_or_skip("scoped_peer_grant_opens_and_closes_a_vmm_mapping", 2) else {
+        return;
+    };
+    let ((d0, c0), (d1, c1)) = (&gpus[0], &gpus[1]);
+    let g = allocation_granularity(*d0, Granularity::Minimum).unwrap();
+    let memory = PhysicalAllocation::new(*d0, g).unwrap();
+    let mut reservation = VirtualReservation::new(g, 0).unwrap();
+    let mut region = reservation.region();
+    let mut mapping = region.map(&memory).unwrap();
+    let input = pattern(g / 4, 1234);
+    {
+        let contexts = [c0, c1];
+        let mut scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+        scoped
+            .slice_mut_on::<u32>(*d0)
+            .unwrap()
+            .copy_from_host(&input)
+            .unwrap();
+        assert_eq!(
+            scoped.slice_on::<u32>(*d1).unwrap().to_vec().unwrap(),
+            input
+        );
+        scoped.revoke().unwrap();
+    }
+    // Granted again to the owner only, the data is still there.
+    let access = mapping.grant(c0, ReadWrite).unwrap();
+    assert_eq!(access.slice::<u32>().unwrap().to_vec().unwrap(), input);
+    assert!(matches!(
+        access.slice_on::<u32>(*d1),
+        Err(Error::DeviceMismatch { .. })
+    ));
+}
