@@ -4,9 +4,10 @@
 use core::mem::size_of;
 
 use cuda_vmm::{
-    Access, AllocationOptions, Context, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut,
-    DriverError, Error, Granularity, Location, Mapping, PhysicalAllocation, ReadOnly, ReadWrite,
-    Region, VirtualReservation,
+    Access, AllocationOptions, Context, CopyPath, Device, DeviceBuffer, DeviceSlice,
+    DeviceSliceMut, DriverError, Error, Function, Granularity, Location, Mapping, Module,
+    P2PAttributes, PeerAccess, PeerLink, PhysicalAllocation, ReadOnly, ReadWrite, Region, Route,
+    ScopedAccess, VirtualReservation,
 };
 use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
 
@@ -21,6 +22,10 @@ assert_impl_all!(Error: Send, Sync, std::error::Error);
 assert_impl_all!(Granularity: Send, Sync, Copy);
 assert_impl_all!(Location: Send, Sync, Copy);
 assert_impl_all!(AllocationOptions: Send, Sync, Copy);
+assert_impl_all!(PeerLink: Send, Sync, Copy);
+assert_impl_all!(P2PAttributes: Send, Sync, Copy);
+assert_impl_all!(CopyPath: Send, Sync, Copy);
+assert_impl_all!(Route: Send, Sync, Copy);
 
 // Borrowing types: Send and Sync, so disjoint regions, mappings and views can be used from several
 // threads at once (the concurrency tests rely on it).
@@ -31,6 +36,13 @@ assert_impl_all!(Access<'static, ReadOnly>: Send, Sync);
 assert_impl_all!(DeviceSlice<'static, u32>: Send, Sync, Copy);
 assert_impl_all!(DeviceSliceMut<'static, u32>: Send, Sync);
 assert_impl_all!(DeviceBuffer<'static, u32>: Send, Sync);
+// A peer-access guard is two `&Context`; a scoped grant is the `Access` it dereferences to.
+assert_impl_all!(PeerAccess<'static>: Send, Sync);
+assert_impl_all!(ScopedAccess<'static, ReadWrite>: Send, Sync);
+
+// Modules and kernels hold raw driver handles (`CUmodule`, `CUfunction`) and claim no thread-safety.
+assert_not_impl_any!(Module<'static>: Send, Sync);
+assert_not_impl_any!(Function<'static>: Send, Sync);
 
 // Exclusive things are not copyable: a copy would be a second owner (double unmap, double free) or a
 // second writer.
@@ -42,6 +54,10 @@ assert_not_impl_any!(PhysicalAllocation: Clone, Copy);
 assert_not_impl_any!(VirtualReservation: Clone, Copy);
 assert_not_impl_any!(Context: Clone, Copy);
 assert_not_impl_any!(DeviceBuffer<'static, u32>: Clone, Copy);
+// A copied guard or scoped grant would end twice: two disables, two revokes.
+assert_not_impl_any!(PeerAccess<'static>: Clone, Copy);
+assert_not_impl_any!(ScopedAccess<'static, ReadWrite>: Clone, Copy);
+assert_not_impl_any!(Module<'static>: Clone, Copy);
 
 // Zero cost: each safe type is exactly the raw data the driver calls need.
 /// The raw data of a mapping, region or reservation: `CUdeviceptr` and `size_t`.
@@ -57,6 +73,13 @@ assert_eq_size!(cuda_vmm::Result<()>, u32);
 assert_eq_size!(Context, (usize, i32));
 assert_eq_size!(DeviceSlice<'static, u32>, (u64, usize, usize));
 assert_eq_size!(DeviceSliceMut<'static, u32>, (u64, usize, usize));
+// A peer-access guard is its two contexts' addresses; a link is its two device ordinals.
+assert_eq_size!(PeerAccess<'static>, (usize, usize));
+assert_eq_size!(PeerLink, (i32, i32));
+const_assert_eq!(
+    size_of::<ScopedAccess<'static, ReadWrite>>(),
+    size_of::<Access<'static, ReadWrite>>()
+);
 const_assert_eq!(
     size_of::<Access<'static, ReadWrite>>(),
     size_of::<Access<'static, ReadOnly>>()
@@ -64,3 +87,7 @@ const_assert_eq!(
 // The mode is a type, not a field: both modes are zero-sized.
 assert_eq_size!(ReadWrite, ());
 assert_eq_size!(ReadOnly, ());
+
+// Staging memory is owned outright and has no thread affinity.
+assert_impl_all!(cuda_vmm::Staging: Send, Sync);
+assert_not_impl_any!(cuda_vmm::Staging: Clone, Copy);
