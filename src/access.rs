@@ -281,3 +281,33 @@ pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
     }
     Ok(bytes / element_size)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::elements;
+    use crate::Error;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn elements_is_exact_division(bytes in any::<usize>()) {
+            prop_assert_eq!(elements::<u8>(bytes), Ok(bytes));
+            let r = elements::<[u8; 12]>(bytes);
+            prop_assert_eq!(r.is_ok(), bytes % 12 == 0);
+            if let Ok(n) = r {
+                prop_assert_eq!(n * 12, bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn zero_sized_elements_are_refused() {
+        assert_eq!(
+            elements::<()>(0),
+            Err(Error::NotWholeElements {
+                bytes: 0,
+                element_size: 0
+            })
+        );
+    }
+}

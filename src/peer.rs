@@ -95,10 +95,49 @@ pub fn p2p_attributes(from: Device, to: Device) -> Result<P2PAttributes> {
 /// How many live [`PeerAccess`] guards each `(from, to)` context pair has. The driver's peer table is
 /// process-wide, so overlapping guards of one direction share one enablement: the first enables, the
 /// last to end disables.
-static ENABLED: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+static ENABLED: Mutex<GuardCounts> = Mutex::new(GuardCounts::new());
 
-fn key(context: &Context) -> usize {
-    context.as_raw() as usize
+/// A `(from, to)` pair of contexts, by handle address.
+type Pair = (usize, usize);
+
+fn pair(from: &Context, to: &Context) -> Pair {
+    (from.as_raw() as usize, to.as_raw() as usize)
+}
+
+/// Live guards per context pair: the bookkeeping behind overlapping guards, free of driver calls.
+#[derive(Debug)]
+struct GuardCounts(Vec<(Pair, usize)>);
+
+impl GuardCounts {
+    const fn new() -> GuardCounts {
+        GuardCounts(Vec::new())
+    }
+
+    /// Whether `pair` has a live guard (its direction is enabled).
+    fn is_enabled(&self, pair: Pair) -> bool {
+        self.0.iter().any(|e| e.0 == pair)
+    }
+
+    /// Records a new guard of `pair`.
+    fn add(&mut self, pair: Pair) {
+        match self.0.iter_mut().find(|e| e.0 == pair) {
+            Some(entry) => entry.1 += 1,
+            None => self.0.push((pair, 1)),
+        }
+    }
+
+    /// Ends one guard of `pair`; `true` where it was the last, so the direction is to be disabled.
+    fn remove(&mut self, pair: Pair) -> bool {
+        let Some(i) = self.0.iter().position(|e| e.0 == pair) else {
+            return false;
+        };
+        self.0[i].1 -= 1;
+        if self.0[i].1 > 0 {
+            return false;
+        }
+        self.0.swap_remove(i);
+        true
+    }
 }
 
 /// Context peer access from one context to another, enabled while this guard lives.
@@ -152,21 +191,16 @@ impl<'ctx> PeerAccess<'ctx> {
                 });
             }
         }
-        let mut table = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = table
-            .iter_mut()
-            .find(|e| (e.0, e.1) == (key(from), key(to)))
-        {
-            entry.2 += 1;
-        } else {
+        let mut counts = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
+        if !counts.is_enabled(pair(from, to)) {
             from.bind_to_thread()?;
             // SAFETY: `from` is current; `to.as_raw()` is a retained context (borrowed for `'ctx`); flags 0.
             let code = unsafe { sys::cuCtxEnablePeerAccess(to.as_raw(), 0) };
             if DriverError::from_raw(code) != Some(DriverError::PEER_ACCESS_ALREADY_ENABLED) {
                 check(code)?;
             }
-            table.push((key(from), key(to), 1));
         }
+        counts.add(pair(from, to));
         Ok(PeerAccess { from, to })
     }
 
@@ -195,21 +229,17 @@ impl<'ctx> PeerAccess<'ctx> {
     }
 
     fn end(&self) -> Result<()> {
-        let mut table = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(i) = table
-            .iter()
-            .position(|e| (e.0, e.1) == (key(self.from), key(self.to)))
-        else {
-            return Ok(());
-        };
-        table[i].2 -= 1;
-        if table[i].2 > 0 {
+        let mut counts = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
+        if !counts.remove(pair(self.from, self.to)) {
             return Ok(());
         }
-        table.swap_remove(i);
+        // The disable below acts on the current context: without `from` current it must not run (the
+        // direction then stays enabled: a leak, not a use after disable).
+        self.from.bind_to_thread()?;
         // Complete all work that may use peer memory before access goes away (the chapter's rule).
         let synced = self.from.synchronize();
-        // SAFETY: `from` is current (bound by `synchronize`); `to.as_raw()` is a retained context.
+        // SAFETY: `from` is current (bound above; `synchronize` binds it again); `to.as_raw()` is a
+        // retained context.
         let code = unsafe { sys::cuCtxDisablePeerAccess(self.to.as_raw()) };
         synced?;
         if DriverError::from_raw(code) == Some(DriverError::PEER_ACCESS_NOT_ENABLED) {
@@ -224,5 +254,55 @@ impl Drop for PeerAccess<'_> {
         // Errors are ignored: `drop` cannot return them. A failed synchronisation is sticky and shows in
         // the context's next call; call `disable` to see it here.
         let _ = self.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GuardCounts, Pair};
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    proptest! {
+        /// Against a model: a direction is enabled exactly while it has guards, and `remove` reports
+        /// the last guard of a pair once.
+        #[test]
+        fn guard_counts_follow_the_model(ops in proptest::collection::vec((0usize..3, 0usize..3, any::<bool>()), 0..64)) {
+            let mut counts = GuardCounts::new();
+            let mut model: HashMap<Pair, usize> = HashMap::new();
+            for (from, to, add) in ops {
+                let pair = (from, to);
+                let live = model.get(&pair).copied().unwrap_or(0);
+                prop_assert_eq!(counts.is_enabled(pair), live > 0);
+                if add {
+                    counts.add(pair);
+                    *model.entry(pair).or_default() += 1;
+                } else {
+                    let last = counts.remove(pair);
+                    prop_assert_eq!(last, live == 1);
+                    if live > 0 {
+                        model.insert(pair, live - 1);
+                    }
+                }
+                prop_assert_eq!(counts.is_enabled(pair), model.get(&pair).copied().unwrap_or(0) > 0);
+            }
+        }
+    }
+
+    #[test]
+    fn overlapping_guards_disable_once() {
+        let mut counts = GuardCounts::new();
+        counts.add((1, 2));
+        counts.add((1, 2));
+        counts.add((2, 1));
+        assert!(!counts.remove((1, 2)), "a guard of 1 -> 2 is still live");
+        assert!(counts.is_enabled((1, 2)));
+        assert!(counts.remove((1, 2)), "the last guard of 1 -> 2 ended");
+        assert!(!counts.is_enabled((1, 2)));
+        assert!(
+            counts.is_enabled((2, 1)),
+            "the other direction is untouched"
+        );
+        assert!(!counts.remove((1, 2)), "nothing to end");
     }
 }

@@ -253,3 +253,65 @@ impl Drop for PhysicalAllocation {
         let _ = code;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{align_size, check_multiple};
+    use crate::Error;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The result is the least multiple of `g` at or above `size`, or a clear error; never a wrap.
+        #[test]
+        fn align_size_is_the_least_multiple_or_overflow(size in any::<usize>(), g in 1usize..=(1 << 40)) {
+            match align_size(size, g) {
+                Ok(aligned) => {
+                    prop_assert!(aligned >= size);
+                    prop_assert_eq!(aligned % g, 0);
+                    prop_assert!(aligned - size < g);
+                }
+                Err(e) => {
+                    prop_assert_eq!(e, Error::Overflow { what: "aligned size" });
+                    prop_assert!(size.div_ceil(g).checked_mul(g).is_none());
+                }
+            }
+        }
+
+        #[test]
+        fn align_size_near_the_top(back in 0usize..4096, g_log in 0u32..63) {
+            let g = 1usize << g_log;
+            let size = usize::MAX - back;
+            let r = align_size(size, g);
+            // Only sizes within `g - 1` below a multiple of `g` that fits can round up.
+            let fits = (usize::MAX / g).checked_mul(g).is_some_and(|top| top >= size);
+            prop_assert_eq!(r.is_ok(), fits);
+        }
+
+        #[test]
+        fn check_multiple_agrees_with_remainder(value in any::<usize>(), g in any::<usize>()) {
+            let ok = g != 0 && value % g == 0;
+            prop_assert_eq!(check_multiple("x", value, g).is_ok(), ok);
+        }
+    }
+
+    #[test]
+    fn align_size_edges() {
+        assert_eq!(align_size(0, 2 << 20), Ok(0));
+        assert_eq!(align_size(1, 3), Ok(3));
+        assert_eq!(align_size(7, 3), Ok(9));
+        assert_eq!(align_size(usize::MAX, 1), Ok(usize::MAX));
+        assert_eq!(
+            align_size(usize::MAX, 2),
+            Err(Error::Overflow {
+                what: "aligned size"
+            })
+        );
+        assert_eq!(
+            align_size(5, 0),
+            Err(Error::ZeroSize {
+                what: "granularity"
+            })
+        );
+        assert!(check_multiple("x", 0, 0).is_err());
+    }
+}

@@ -297,3 +297,56 @@ impl<'va> Region<'va> {
         Ok(mapping)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Region;
+    use crate::Error;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Splitting and skipping keep regions disjoint and covering: the parts of a region are exactly
+        /// the region, in order, whatever the cut points.
+        #[test]
+        fn splits_and_skips_partition_the_region(
+            start in 0u64..(1 << 47),
+            len in 0usize..(1 << 40),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut rest = Region::from_unmapped(start, len);
+            let mut covered = start;
+            for cut in cuts {
+                let cut = cut % (len + 2);
+                if cut % 3 == 0 {
+                    let before = (rest.start(), rest.len());
+                    match rest.skip(cut) {
+                        Ok(()) => {
+                            prop_assert_eq!(rest.start(), before.0 + cut as u64);
+                            covered = rest.start();
+                        }
+                        Err(e) => {
+                            prop_assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+                            prop_assert_eq!((rest.start(), rest.len()), before, "a failed skip changes nothing");
+                        }
+                    }
+                    continue;
+                }
+                let total = rest.len();
+                match rest.split_at(cut) {
+                    Ok((head, tail)) => {
+                        prop_assert_eq!(head.start(), covered);
+                        prop_assert_eq!(head.start() + head.len() as u64, tail.start());
+                        prop_assert_eq!(head.len() + tail.len(), total);
+                        covered = tail.start();
+                        rest = tail;
+                    }
+                    Err(e) => {
+                        prop_assert!(cut > total);
+                        prop_assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -384,3 +384,52 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         self.as_slice().to_vec()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bounds;
+    use crate::Error;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `bounds` accepts exactly the ranges inside `0..len`, for every kind of range.
+        #[test]
+        fn bounds_accept_exactly_the_ranges_inside(a in any::<usize>(), b in any::<usize>(), len in any::<usize>()) {
+            prop_assert_eq!(bounds(a..b, len).is_ok(), a <= b && b <= len);
+            let inclusive_ok = b != usize::MAX && a <= b + 1 && b < len;
+            prop_assert_eq!(bounds(a..=b, len).is_ok(), inclusive_ok);
+            prop_assert_eq!(bounds(a.., len).is_ok(), a <= len);
+            prop_assert_eq!(bounds(..b, len).is_ok(), b <= len);
+            if let Ok((s, e)) = bounds(a..b, len) {
+                prop_assert_eq!((s, e), (a, b));
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_edges() {
+        assert_eq!(bounds(.., 10), Ok((0, 10)));
+        assert_eq!(bounds(3..3, 3), Ok((3, 3)));
+        assert!(matches!(
+            bounds(..=usize::MAX, usize::MAX),
+            Err(Error::Overflow { .. })
+        ));
+        let excluded_start = (
+            core::ops::Bound::Excluded(usize::MAX),
+            core::ops::Bound::Unbounded,
+        );
+        assert!(matches!(
+            bounds(excluded_start, 5),
+            Err(Error::Overflow { .. })
+        ));
+        assert!(matches!(
+            bounds(4..2, 10),
+            Err(Error::OutOfBounds {
+                start: 4,
+                end: 2,
+                len: 10,
+                ..
+            })
+        ));
+    }
+}
