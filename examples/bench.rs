@@ -1,0 +1,534 @@
+//! Benchmark: the safe API against the same driver calls made raw, side by side in one run.
+//!
+//! Prints a table and writes the figures as JSON (to the path in `BENCH_JSON`, default
+//! `bench.json`). Every figure is the median of many repetitions; safe and raw runs alternate so
+//! that drift affects both alike. Not a test: it asserts nothing about speed.
+//!
+//! Run with `./with-libcuda cargo run --release --example bench` on a GPU machine.
+
+use core::ffi::c_void;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cuda_vmm::{
+    Context, Device, DeviceBuffer, DriverError, Granularity, PhysicalAllocation, ReadWrite, Route,
+    STAGING_CHUNK_BYTES, Staging, VirtualReservation, allocation_granularity, copy_between,
+    copy_between_with,
+};
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Byte and operation counts as `f64`, for rates: exact below 2^53, far beyond any size here.
+#[allow(clippy::cast_precision_loss)]
+fn float(n: usize) -> f64 {
+    n as f64
+}
+
+/// The raw driver calls the safe API makes, declared with integer results.
+mod raw {
+    use core::ffi::c_void;
+
+    #[repr(C)]
+    pub(crate) struct Location {
+        pub(crate) type_: u32,
+        pub(crate) id: i32,
+    }
+    #[repr(C)]
+    pub(crate) struct Prop {
+        pub(crate) type_: u32,
+        pub(crate) handle_types: u32,
+        pub(crate) location: Location,
+        pub(crate) win32: *mut c_void,
+        pub(crate) flags: u64,
+    }
+    #[repr(C)]
+    pub(crate) struct AccessDesc {
+        pub(crate) location: Location,
+        pub(crate) flags: u32,
+    }
+    unsafe extern "C" {
+        pub(crate) fn cuMemCreate(
+            handle: *mut u64,
+            size: usize,
+            prop: *const Prop,
+            flags: u64,
+        ) -> u32;
+        pub(crate) fn cuMemRelease(handle: u64) -> u32;
+        pub(crate) fn cuMemAddressReserve(
+            ptr: *mut u64,
+            size: usize,
+            align: usize,
+            addr: u64,
+            flags: u64,
+        ) -> u32;
+        pub(crate) fn cuMemAddressFree(ptr: u64, size: usize) -> u32;
+        pub(crate) fn cuMemMap(
+            ptr: u64,
+            size: usize,
+            offset: usize,
+            handle: u64,
+            flags: u64,
+        ) -> u32;
+        pub(crate) fn cuMemUnmap(ptr: u64, size: usize) -> u32;
+        pub(crate) fn cuMemSetAccess(
+            ptr: u64,
+            size: usize,
+            desc: *const AccessDesc,
+            count: usize,
+        ) -> u32;
+        pub(crate) fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, bytes: usize) -> u32;
+        pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, bytes: usize) -> u32;
+        pub(crate) fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) -> u32;
+        pub(crate) fn cuMemcpyPeer(
+            dst: u64,
+            dst_ctx: *mut c_void,
+            src: u64,
+            src_ctx: *mut c_void,
+            bytes: usize,
+        ) -> u32;
+        pub(crate) fn cuStreamSynchronize(stream: *mut c_void) -> u32;
+        pub(crate) fn cuCtxSynchronize() -> u32;
+        pub(crate) fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
+        pub(crate) fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: u32) -> u32;
+        pub(crate) fn cuMemFreeHost(p: *mut c_void) -> u32;
+    }
+}
+
+fn ok(code: u32) -> BenchResult<()> {
+    match DriverError::from_raw(code) {
+        None => Ok(()),
+        Some(e) => Err(e.into()),
+    }
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Times `safe` and `raw` alternately, `reps` times each; returns the median seconds of each.
+fn race(
+    reps: usize,
+    mut safe: impl FnMut() -> BenchResult<()>,
+    mut raw: impl FnMut() -> BenchResult<()>,
+) -> BenchResult<(f64, f64)> {
+    safe()?;
+    raw()?;
+    let (mut s, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        let t = Instant::now();
+        safe()?;
+        s.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        raw()?;
+        r.push(t.elapsed().as_secs_f64());
+    }
+    Ok((median(s), median(r)))
+}
+
+/// Page-locked host memory, so that copies run at the link's speed.
+struct Pinned {
+    ptr: *mut c_void,
+    len: usize,
+}
+
+impl Pinned {
+    fn new(ctx: &Context, len: usize) -> BenchResult<Pinned> {
+        ctx.bind_to_thread()?;
+        let mut ptr = core::ptr::null_mut();
+        // SAFETY: `ptr` is writable; flags 1 = portable; a context is current (bound just above).
+        ok(unsafe { raw::cuMemHostAlloc(&raw mut ptr, len, 1) })?;
+        // SAFETY: `len` writable bytes were just allocated; zero them so they are initialised.
+        unsafe { core::ptr::write_bytes(ptr.cast::<u8>(), 0x5a, len) };
+        Ok(Pinned { ptr, len })
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `len` initialised bytes owned by `self`, borrowed mutably once.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: memory from `cuMemHostAlloc`, freed once; no copy uses it any more (all synchronous).
+        let _ = unsafe { raw::cuMemFreeHost(self.ptr) };
+    }
+}
+
+struct Row {
+    name: String,
+    unit: &'static str,
+    safe: f64,
+    raw: f64,
+    goal: &'static str,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> BenchResult<()> {
+    match cuda_vmm::init() {
+        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
+            println!("no CUDA device found (cuInit: {e}): nothing to measure.");
+            return Ok(());
+        }
+        r => r?,
+    }
+    let devices = Device::all()?;
+    let contexts: Vec<Context> = devices
+        .iter()
+        .map(|&d| Context::new(d))
+        .collect::<Result<_, _>>()?;
+    let (device, ctx) = (devices[0], &contexts[0]);
+    println!(
+        "bench on {} x {} (driver API {})",
+        devices.len(),
+        device.name()?,
+        cuda_vmm::driver_version()?
+    );
+    let g = allocation_granularity(device, Granularity::Minimum)?;
+    let mut rows = Vec::new();
+
+    for (label, size, reps) in [("2 MiB", 2usize << 20, 400), ("1 GiB", 1usize << 30, 100)] {
+        let (safe, raw_t) = race(
+            reps,
+            || lifecycle_safe(ctx, size),
+            || lifecycle_raw(ctx, size),
+        )?;
+        rows.push(Row {
+            name: format!("lifecycle {label} (us)"),
+            unit: "us",
+            safe: safe * 1e6,
+            raw: raw_t * 1e6,
+            goal: "safe/raw <= 1.01",
+        });
+    }
+
+    let bytes = 256usize << 20;
+    copies(ctx, bytes, g, &mut rows)?;
+    churn(ctx, g, &mut rows)?;
+    fallback(&contexts, bytes, &mut rows)?;
+
+    println!(
+        "\n{:<44} {:>12} {:>12} {:>8}  goal",
+        "figure", "safe", "raw", "ratio"
+    );
+    let mut json = String::from("{\n  \"device\": ");
+    write!(
+        json,
+        "{:?},\n  \"devices\": {},\n  \"rows\": [\n",
+        device.name()?,
+        devices.len()
+    )?;
+    for (i, r) in rows.iter().enumerate() {
+        let ratio = r.safe / r.raw;
+        println!(
+            "{:<44} {:>12.3} {:>12.3} {:>8.4}  {}",
+            r.name, r.safe, r.raw, ratio, r.goal
+        );
+        let comma = if i + 1 < rows.len() { "," } else { "" };
+        writeln!(
+            json,
+            "    {{\"figure\": {:?}, \"unit\": {:?}, \"safe\": {:.4}, \"raw\": {:.4}, \"ratio\": {:.5}, \"goal\": {:?}}}{comma}",
+            r.name, r.unit, r.safe, r.raw, ratio, r.goal
+        )?;
+    }
+    json.push_str("  ]\n}\n");
+    let path = std::env::var("BENCH_JSON").unwrap_or_else(|_| "bench.json".to_owned());
+    std::fs::write(&path, json)?;
+    println!("\nJSON written to {path}");
+    Ok(())
+}
+
+fn lifecycle_safe(ctx: &Context, size: usize) -> BenchResult<()> {
+    let memory = PhysicalAllocation::new(ctx.device(), size)?;
+    let mut reservation = VirtualReservation::new(size, 0)?;
+    let mut region = reservation.region();
+    let mut mapping = region.map(&memory)?;
+    mapping.grant(ctx, ReadWrite)?;
+    mapping.unmap()?;
+    reservation.free()?;
+    memory.release()?;
+    Ok(())
+}
+
+fn lifecycle_raw(ctx: &Context, size: usize) -> BenchResult<()> {
+    let location = || raw::Location {
+        type_: 1,
+        id: ctx.device().as_raw(),
+    };
+    let prop = raw::Prop {
+        type_: 1,
+        handle_types: 0,
+        location: location(),
+        win32: core::ptr::null_mut(),
+        flags: 0,
+    };
+    let desc = raw::AccessDesc {
+        location: location(),
+        flags: 3,
+    };
+    let (mut handle, mut ptr) = (0u64, 0u64);
+    // SAFETY: the same calls the safe API makes, in the documented order, on resources made here.
+    unsafe {
+        ok(raw::cuMemCreate(&raw mut handle, size, &raw const prop, 0))?;
+        ok(raw::cuMemAddressReserve(&raw mut ptr, size, 0, 0, 0))?;
+        ok(raw::cuMemMap(ptr, size, 0, handle, 0))?;
+        ok(raw::cuMemSetAccess(ptr, size, &raw const desc, 1))?;
+        ok(raw::cuMemUnmap(ptr, size))?;
+        ok(raw::cuMemAddressFree(ptr, size))?;
+        ok(raw::cuMemRelease(handle))?;
+    }
+    Ok(())
+}
+
+fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let size = cuda_vmm::align_size(bytes, granularity)?;
+    let first = PhysicalAllocation::new(ctx.device(), size)?;
+    let second = PhysicalAllocation::new(ctx.device(), size)?;
+    let (mut res1, mut res2) = (
+        VirtualReservation::new(size, 0)?,
+        VirtualReservation::new(size, 0)?,
+    );
+    let (mut region1, mut region2) = (res1.region(), res2.region());
+    let (mut map1, mut map2) = (region1.map(&first)?, region2.map(&second)?);
+    let mut dst = map1.grant(ctx, ReadWrite)?;
+    let src = map2.grant(ctx, ReadWrite)?;
+    let (dst_ptr, src_ptr) = (dst.as_raw_ptr(), src.as_raw_ptr());
+    let mut host = Pinned::new(ctx, bytes)?;
+    let host_ptr = host.ptr;
+    let gbs = |t: f64| float(bytes) / t / 1e9;
+    let reps = 30;
+
+    let (safe, raw_t) = race(
+        reps,
+        || {
+            Ok(dst
+                .slice_mut::<u8>()?
+                .slice_mut(..bytes)?
+                .copy_from_host(host.bytes())?)
+        },
+        // SAFETY: `dst_ptr` is `bytes` of granted memory; `host_ptr` is `bytes` of pinned memory;
+        // waited for below.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        },
+    )?;
+    rows.push(Row {
+        name: "host -> device, pinned (GB/s)".into(),
+        unit: "GB/s",
+        safe: gbs(safe),
+        raw: gbs(raw_t),
+        goal: "safe/raw >= 0.99",
+    });
+
+    let (safe, raw_t) = race(
+        reps,
+        || {
+            Ok(src
+                .slice::<u8>()?
+                .slice(..bytes)?
+                .copy_to_host(host.bytes())?)
+        },
+        // SAFETY: as above, the other way; cuMemcpyDtoH returns when finished.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyDtoH_v2(host_ptr, src_ptr, bytes))
+        },
+    )?;
+    rows.push(Row {
+        name: "device -> host, pinned (GB/s)".into(),
+        unit: "GB/s",
+        safe: gbs(safe),
+        raw: gbs(raw_t),
+        goal: "safe/raw >= 0.99",
+    });
+
+    let (safe, raw_t) = race(
+        reps,
+        || {
+            Ok(dst
+                .slice_mut::<u8>()?
+                .slice_mut(..bytes)?
+                .copy_from_device(&src.slice::<u8>()?.slice(..bytes)?)?)
+        },
+        // SAFETY: two granted ranges of `bytes`; waited for below.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyDtoD_v2(dst_ptr, src_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        },
+    )?;
+    rows.push(Row {
+        name: "device -> device (GB/s)".into(),
+        unit: "GB/s",
+        safe: gbs(safe),
+        raw: gbs(raw_t),
+        goal: "safe/raw >= 0.99",
+    });
+    Ok(())
+}
+
+fn churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let chunks = 64;
+    let memory: Vec<PhysicalAllocation> = (0..chunks)
+        .map(|_| PhysicalAllocation::new(ctx.device(), g))
+        .collect::<Result<_, _>>()?;
+    let mut reservation = VirtualReservation::new(chunks * g, 0)?;
+    let base = reservation.base();
+    let desc = raw::AccessDesc {
+        location: raw::Location {
+            type_: 1,
+            id: ctx.device().as_raw(),
+        },
+        flags: 3,
+    };
+    let (safe, raw_t) = race(
+        50,
+        || {
+            let mut region = reservation.region();
+            let mut mapped = Vec::with_capacity(chunks);
+            for m in &memory {
+                let mut mapping = region.map(m)?;
+                mapping.grant(ctx, ReadWrite)?;
+                mapped.push(mapping);
+            }
+            // Dropping unmaps each mapping, as the raw loop below does.
+            drop(mapped);
+            Ok(())
+        },
+        || {
+            for (i, m) in memory.iter().enumerate() {
+                let at = base + (i * g) as u64;
+                // SAFETY: `at` is a free granule of the reservation (the safe run unmapped all before).
+                unsafe {
+                    ok(raw::cuMemMap(at, g, 0, m.as_raw(), 0))?;
+                    ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?;
+                }
+            }
+            for i in 0..chunks {
+                // SAFETY: unmaps what the loop above mapped.
+                unsafe { ok(raw::cuMemUnmap(base + (i * g) as u64, g))? };
+            }
+            Ok(())
+        },
+    )?;
+    let per_s = |t: f64| float(chunks) / t;
+    rows.push(Row {
+        name: format!("churn map+grant+unmap {} MiB (ops/s)", g >> 20),
+        unit: "ops/s",
+        safe: per_s(safe),
+        raw: per_s(raw_t),
+        goal: "safe/raw >= 0.99",
+    });
+    Ok(())
+}
+
+fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let (src_ctx, dst_ctx) = match contexts {
+        [only] => (only, only),
+        [a, b, ..] => (a, b),
+        [] => return Ok(()),
+    };
+    let len = bytes;
+    let src = DeviceBuffer::<u8>::zeroed(src_ctx, len)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(dst_ctx, len)?;
+    let mut host = Pinned::new(src_ctx, len)?;
+    let (dst_ptr, src_ptr) = (dst.as_slice().as_raw_ptr(), src.as_slice().as_raw_ptr());
+    let gbs = |t: f64| float(len) / t / 1e9;
+    let reps = 20;
+    let (label, peak) = if contexts.len() > 1 {
+        ("GPU 0 -> GPU 1", "; NVLink 4 peak 450 per direction")
+    } else {
+        ("GPU 0 -> GPU 0", "")
+    };
+    let (safe, raw_t) = race(
+        reps,
+        || Ok(copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Direct).map(|_| ())?),
+        // SAFETY: two cuMemAlloc buffers of `len` bytes in their contexts; the same calls the safe
+        // path makes (one device: DtoD and a stream sync; two: cuMemcpyPeer and both contexts synced).
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()))?;
+            if contexts.len() == 1 {
+                ok(raw::cuMemcpyDtoD_v2(dst_ptr, src_ptr, len))?;
+                return ok(raw::cuStreamSynchronize(core::ptr::null_mut()));
+            }
+            ok(raw::cuMemcpyPeer(
+                dst_ptr,
+                dst_ctx.as_raw().cast(),
+                src_ptr,
+                src_ctx.as_raw().cast(),
+                len,
+            ))?;
+            ok(raw::cuCtxSetCurrent(src_ctx.as_raw().cast()))?;
+            ok(raw::cuCtxSynchronize())?;
+            ok(raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()))?;
+            ok(raw::cuCtxSynchronize())
+        },
+    )?;
+    rows.push(Row {
+        name: format!("{label} direct (GB/s{peak})"),
+        unit: "GB/s",
+        safe: gbs(safe),
+        raw: gbs(raw_t),
+        goal: "safe/raw >= 0.99",
+    });
+    let direct = safe;
+    let mut staging = Staging::new(src_ctx, STAGING_CHUNK_BYTES)?;
+    let (staged, down) = race(
+        reps,
+        || {
+            let path = copy_between_with(
+                &mut dst.as_mut_slice(),
+                &src.as_slice(),
+                Route::Staged,
+                &mut staging,
+            )?;
+            Ok(path).map(|_| ())
+        },
+        || Ok(src.as_slice().copy_to_host(host.bytes())?),
+    )?;
+    let (one_shot, _) = race(
+        reps,
+        || Ok(copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Staged).map(|_| ())?),
+        || Ok(()),
+    )?;
+    let (up, _) = race(
+        reps,
+        || Ok(dst.as_mut_slice().copy_from_host(host.bytes())?),
+        || Ok(()),
+    )?;
+    let slower_leg = down.max(up);
+    rows.push(Row {
+        name: format!("{label} staged, new vs reused staging (GB/s)"),
+        unit: "GB/s",
+        safe: gbs(one_shot),
+        raw: gbs(staged),
+        goal: "report",
+    });
+    rows.push(Row {
+        name: format!("{label} staged vs direct (GB/s)"),
+        unit: "GB/s",
+        safe: gbs(staged),
+        raw: gbs(direct),
+        goal: "staged/direct: report",
+    });
+    rows.push(Row {
+        name: format!("{label} staged vs slower host leg (GB/s)"),
+        unit: "GB/s",
+        safe: gbs(staged),
+        raw: gbs(slower_leg),
+        goal: "staged/slower leg: ~1 when overlapped",
+    });
+    Ok(())
+}
