@@ -154,16 +154,19 @@ pub(crate) fn set_access(
     contexts: Contexts<'_>,
     flags: u32,
 ) -> Result<()> {
-    let descs: Vec<sys::CUmemAccessDesc> = contexts
-        .iter()
-        .map(|c| sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: c.device().as_raw(),
-            },
-            flags,
-        })
-        .collect();
+    let desc = |c: &Context| sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: c.device().as_raw(),
+        },
+        flags,
+    };
+    // One device (the common case) needs no heap allocation.
+    let (one, many): ([sys::CUmemAccessDesc; 1], Vec<sys::CUmemAccessDesc>) = match contexts {
+        Contexts::One(c) => ([desc(c)], Vec::new()),
+        Contexts::Many(cs) => ([desc(cs[0])], cs.iter().map(|c| desc(c)).collect()),
+    };
+    let descs: &[sys::CUmemAccessDesc] = if many.is_empty() { &one } else { &many };
     // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
     // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
     check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })

@@ -3,6 +3,7 @@
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ptr;
+use std::sync::{Mutex, PoisonError};
 
 use crate::device::Device;
 use crate::error::{Error, Result, check};
@@ -86,6 +87,24 @@ impl AllocationOptions {
             sys::cuMemGetAllocationGranularity(&raw mut granularity, &raw const prop, option)
         })?;
         Ok(granularity)
+    }
+
+    /// The minimum granularity, asked of the driver once per set of options and then remembered: it is
+    /// a fixed property of the device and the options, and `cuMemCreate`'s size check needs it every time.
+    fn minimum_granularity_cached(self) -> Result<usize> {
+        static KNOWN: Mutex<Vec<(AllocationOptions, usize)>> = Mutex::new(Vec::new());
+        let known = |table: &Vec<(AllocationOptions, usize)>| {
+            table.iter().find(|e| e.0 == self).map(|e| e.1)
+        };
+        if let Some(g) = known(&KNOWN.lock().unwrap_or_else(PoisonError::into_inner)) {
+            return Ok(g);
+        }
+        let g = self.granularity(Granularity::Minimum)?;
+        let mut table = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
+        if known(&table).is_none() {
+            table.push((self, g));
+        }
+        Ok(g)
     }
 }
 
@@ -191,7 +210,7 @@ impl PhysicalAllocation {
                 what: "allocation size",
             });
         }
-        let granularity = options.granularity(Granularity::Minimum)?;
+        let granularity = options.minimum_granularity_cached()?;
         check_multiple("allocation size", size, granularity)?;
         let prop = options.raw();
         let mut handle: sys::CUmemGenericAllocationHandle = 0;

@@ -423,7 +423,7 @@ mod tests {
             Err(Error::Overflow { .. })
         ));
         assert!(matches!(
-            bounds(4..2, 10),
+            bounds(core::ops::Range { start: 4, end: 2 }, 10),
             Err(Error::OutOfBounds {
                 start: 4,
                 end: 2,
