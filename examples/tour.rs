@@ -1,7 +1,11 @@
 //! A guided tour of the crate on whatever GPUs this machine has: the single-GPU VMM lifecycle, step by
-//! step, with every result checked. Without a GPU it says what it checked and that no device was found.
+//! step, with every result checked, then the machine's topology (the same tables as
+//! `examples/topology.rs`). Without a GPU it says what it checked and that no device was found.
 //!
 //! Run with `./with-libcuda cargo run --example tour`.
+
+#[path = "common/topology.rs"]
+mod topology;
 
 use std::process::ExitCode;
 
@@ -64,7 +68,12 @@ fn tour() -> TourResult {
         println!("no CUDA device found: the driver initialised but lists none.");
         return Ok(());
     };
-    single_gpu_lifecycle(device)
+    single_gpu_lifecycle(device)?;
+
+    println!("\ntopology");
+    topology::print(&devices)?;
+    println!("\ntour complete");
+    Ok(())
 }
 
 fn single_gpu_lifecycle(device: Device) -> TourResult {
@@ -129,9 +138,7 @@ fn single_gpu_lifecycle(device: Device) -> TourResult {
     check(
         free_at_end == free_at_start,
         "  9. cuMemGetInfo: free device memory is back to the byte",
-    )?;
-    println!("\ntour complete");
-    Ok(())
+    )
 }
 
 fn check(ok: bool, what: &str) -> TourResult {

@@ -5,8 +5,8 @@
 mod common;
 
 use cuda_vmm::{
-    Context, DeviceBuffer, Error, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
-    VirtualReservation, align_size, allocation_granularity,
+    Context, Device, DeviceBuffer, DriverError, Error, Granularity, PhysicalAllocation, ReadOnly,
+    ReadWrite, VirtualReservation, align_size, allocation_granularity,
 };
 
 fn lifecycle(ctx: &Context, g: usize, round: u32) -> Result<(), Error> {
@@ -29,6 +29,54 @@ fn lifecycle(ctx: &Context, g: usize, round: u32) -> Result<(), Error> {
     Ok(())
 }
 
+/// Every failure the safe API can meet halfway through a lifecycle; each must leave nothing behind and
+/// the process working.
+fn failures(ctx: &Context, g: usize) {
+    let device = ctx.device();
+    // Out of memory.
+    let huge = align_size(1 << 50, g).unwrap();
+    let e = PhysicalAllocation::new(device, huge).unwrap_err();
+    assert_eq!(e.driver(), Some(DriverError::OUT_OF_MEMORY), "{e}");
+    assert_eq!(
+        DeviceBuffer::<u8>::zeroed(ctx, 1 << 50)
+            .unwrap_err()
+            .driver(),
+        Some(DriverError::OUT_OF_MEMORY)
+    );
+    // Unaligned size and offset, an invalid device.
+    assert!(matches!(
+        PhysicalAllocation::new(device, g + 1),
+        Err(Error::NotAligned { .. })
+    ));
+    assert_eq!(
+        Device::get(Device::count().unwrap()).unwrap_err(),
+        DriverError::INVALID_DEVICE
+    );
+    let memory = PhysicalAllocation::new(device, g).unwrap();
+    let mut small = VirtualReservation::new(2 * g, 0).unwrap();
+    // A reservation at an address already taken lands elsewhere or is refused.
+    if let Ok(other) = VirtualReservation::with_address_hint(g, 0, small.base()) {
+        assert_ne!(other.base(), small.base());
+    }
+    let mut region = small.region();
+    region.skip(g / 2).unwrap();
+    assert!(matches!(region.map(&memory), Err(Error::NotAligned { .. })));
+    region.skip(g / 2).unwrap();
+    // A copy past the end of a view, after mapping and granting succeeded.
+    let mut mapping = region.map(&memory).unwrap();
+    let mut access = mapping.grant(ctx, ReadWrite).unwrap();
+    let mut view = access.slice_mut::<u8>().unwrap();
+    assert!(matches!(
+        view.slice_mut(g - 8..g + 8),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        view.copy_from_host(&vec![0; g + 1]),
+        Err(Error::LengthMismatch { .. })
+    ));
+    view.copy_from_host(&vec![9; g]).unwrap();
+}
+
 #[test]
 fn lifecycles_and_failures_leak_nothing() {
     let Some((device, ctx)) = common::gpu_or_skip("lifecycles_and_failures_leak_nothing") else {
@@ -37,19 +85,19 @@ fn lifecycles_and_failures_leak_nothing() {
     let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     // Warm up: the first calls may set up driver bookkeeping that stays for the process's lifetime.
     lifecycle(&ctx, g, 0).unwrap();
+    failures(&ctx, g);
+    // A range to find again at the end: if every reservation was freed, the same address is free.
+    let probe = VirtualReservation::new(8 * g, 0).unwrap();
+    let probe_base = probe.base();
+    probe.free().unwrap();
     let (free_before, total) = ctx.memory_info().unwrap();
 
-    let rounds = 1000;
+    let rounds = 10_000;
     for round in 1..=rounds {
         lifecycle(&ctx, g, round).unwrap();
-        // Failures in the middle of a lifecycle must unwind cleanly too.
-        let huge = align_size(1 << 50, g).unwrap();
-        assert!(PhysicalAllocation::new(device, huge).is_err());
-        let memory = PhysicalAllocation::new(device, g).unwrap();
-        let mut small = VirtualReservation::new(g, 0).unwrap();
-        let mut region = small.region();
-        region.skip(g / 2).unwrap();
-        assert!(region.map(&memory).is_err());
+        if round % 10 == 0 {
+            failures(&ctx, g);
+        }
     }
     let (free_after, _) = ctx.memory_info().unwrap();
     println!("{rounds} rounds: free before {free_before}, after {free_after} of {total}");
@@ -59,6 +107,14 @@ fn lifecycles_and_failures_leak_nothing() {
         "device memory leaked: {} bytes",
         free_before.abs_diff(free_after)
     );
+
+    let again = VirtualReservation::with_address_hint(8 * g, 0, probe_base).unwrap();
+    assert_eq!(
+        again.base(),
+        probe_base,
+        "the address space of the rounds was not all given back"
+    );
+    drop(again);
 
     // The accounting is tight enough to see one allocation.
     let memory = PhysicalAllocation::new(device, 4 * g).unwrap();
