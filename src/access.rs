@@ -204,7 +204,8 @@ impl<'a> Access<'a, ReadWrite> {
 }
 
 /// An [`Access`] that is revoked when it ends: made by
-/// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped). Use it as the `Access` it dereferences to.
+/// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped). Use it as the `Access` it dereferences to;
+/// its writable views come from its own [`slice_mut`](ScopedAccess::slice_mut).
 ///
 /// When it ends (drop, or [`revoke`](ScopedAccess::revoke)), every granted context is synchronised and
 /// every granted device is set back to no access. Forgetting it (`mem::forget`) leaves the access
@@ -257,9 +258,23 @@ impl<'a, M: AccessMode> core::ops::Deref for ScopedAccess<'a, M> {
     }
 }
 
-impl<'a, M: AccessMode> core::ops::DerefMut for ScopedAccess<'a, M> {
-    fn deref_mut(&mut self) -> &mut Access<'a, M> {
-        &mut self.access
+// No `DerefMut`: `mem::replace` through it could swap another grant in, which would then be revoked
+// in this one's place. The writable views are offered directly instead.
+impl ScopedAccess<'_, ReadWrite> {
+    /// As [`Access::slice_mut`].
+    ///
+    /// # Errors
+    /// As [`Access::slice_mut`].
+    pub fn slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, Error> {
+        self.access.slice_mut()
+    }
+
+    /// As [`Access::slice_mut_on`].
+    ///
+    /// # Errors
+    /// As [`Access::slice_mut_on`].
+    pub fn slice_mut_on<T: Pod>(&mut self, device: Device) -> Result<DeviceSliceMut<'_, T>, Error> {
+        self.access.slice_mut_on(device)
     }
 }
 
