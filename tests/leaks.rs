@@ -1,12 +1,13 @@
 //! Exact leak accounting: VMM memory is accounted to the byte in `cuMemGetInfo`, so every lifecycle,
-//! including the failing ones, must leave the free memory exactly where it was. One test per process:
-//! concurrent tests would move the free-memory figure.
+//! including the failing ones, must leave the free memory exactly where it was. Tests that run at the
+//! same time would move the free-memory figure, so the tests here take a lock, and nothing else runs
+//! in this process.
 
 mod common;
 
 use cuda_vmm::{
-    Context, Device, DeviceBuffer, DriverError, Error, Granularity, PhysicalAllocation, ReadOnly,
-    ReadWrite, VirtualReservation, align_size, allocation_granularity,
+    Context, Device, DeviceBuffer, DriverError, Error, Granularity, PeerAccess, PhysicalAllocation,
+    ReadOnly, ReadWrite, VirtualReservation, align_size, allocation_granularity, can_access_peer,
 };
 
 fn lifecycle(ctx: &Context, g: usize, round: u32) -> Result<(), Error> {
@@ -77,11 +78,17 @@ fn failures(ctx: &Context, g: usize) {
     view.copy_from_host(&vec![9; g]).unwrap();
 }
 
+/// The tests of this file measure free memory; they must not run at the same time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn lifecycles_and_failures_leak_nothing() {
     let Some((device, ctx)) = common::gpu_or_skip("lifecycles_and_failures_leak_nothing") else {
         return;
     };
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     // Warm up: the first calls may set up driver bookkeeping that stays for the process's lifetime.
     lifecycle(&ctx, g, 0).unwrap();
@@ -122,4 +129,45 @@ fn lifecycles_and_failures_leak_nothing() {
     drop(memory);
     let (free_released, _) = ctx.memory_info().unwrap();
     assert_eq!(free_released - free_held, 4 * g);
+}
+
+/// Peer guards enabled and ended many times, over every linked pair, leave every device's free memory
+/// where it was. Needs two GPUs with a peer link; skips visibly otherwise.
+#[test]
+fn peer_guards_leak_nothing() {
+    let Some(gpus) = common::gpus_or_skip("peer_guards_leak_nothing", 2) else {
+        return;
+    };
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before: Vec<usize> = gpus
+        .iter()
+        .map(|(_, c)| c.memory_info().unwrap().0)
+        .collect();
+    let mut cycles = 0;
+    for (i, (a, from)) in gpus.iter().enumerate() {
+        for (j, (b, to)) in gpus.iter().enumerate() {
+            let Some(link) = (i != j).then(|| can_access_peer(*a, *b).unwrap()).flatten() else {
+                continue;
+            };
+            for _ in 0..10_000 / gpus.len() {
+                let first = PeerAccess::enable(from, to, link).unwrap();
+                let second = PeerAccess::enable(from, to, link).unwrap();
+                drop(first);
+                second.disable().unwrap();
+                cycles += 1;
+            }
+        }
+    }
+    if cycles == 0 {
+        common::skip("SKIPPED peer_guards_leak_nothing: no pair of devices has a peer link");
+        return;
+    }
+    let after: Vec<usize> = gpus
+        .iter()
+        .map(|(_, c)| c.memory_info().unwrap().0)
+        .collect();
+    println!("{cycles} guard cycles: free before {before:?}, after {after:?}");
+    assert_eq!(after, before, "peer guards leaked device memory");
 }
