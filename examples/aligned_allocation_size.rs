@@ -9,31 +9,30 @@
 //! `align_size` is plain arithmetic: without a GPU it is shown with an example granularity, and the
 //! errors are shown either way. Run with `./with-libcuda cargo run --example aligned_allocation_size`.
 
+// Each example is its own crate, and this one uses only part of the shared module: not
+// `exit_code_with_cause`, `two_or_more_devices_or_none`, `verify`, `verify_debug`, `pattern` or
+// `AddOne`.
+#[allow(dead_code)]
+mod common;
+
 use std::process::ExitCode;
 
+use common::{ExampleResult, check, devices_or_none};
 use cuda_vmm::{
-    Device, DriverError, Error, Granularity, PhysicalAllocation, align_size, allocation_granularity,
+    Device, Error, Granularity, PhysicalAllocation, align_size, allocation_granularity,
 };
-
-type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// The granularity an H200 reports (2 MiB), used only to show the arithmetic where there is no device
 /// to ask. Code on a GPU always queries it.
 const EXAMPLE_GRANULARITY: usize = 2 << 20;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("aligned_allocation_size failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("aligned_allocation_size", run())
 }
 
 fn run() -> ExampleResult {
     println!("aligned_allocation_size: granularity queries and align_size");
-    let devices = devices_or_none()?.unwrap_or_default();
+    let devices = devices_or_none("no granularity to query")?.unwrap_or_default();
     let mut queried = None;
     for &device in &devices {
         let minimum = per_device(device)?;
@@ -188,42 +187,4 @@ fn expect_refused(
         Err(e) => Err(format!("{what}: FAILED, refused with an unexpected error: {e}").into()),
         Ok(value) => Err(format!("{what}: FAILED, accepted ({value})").into()),
     }
-}
-
-fn check(ok: bool, what: &str) -> ExampleResult {
-    if ok {
-        println!("{what}: ok");
-        Ok(())
-    } else {
-        Err(format!("{what}: FAILED").into())
-    }
-}
-
-/// Every CUDA device, or `None` after printing what was checked and that there is none. Only "no GPU
-/// here" (no device or no kernel driver, or a stub library) is `None`; any other failure is an error.
-fn devices_or_none() -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
-        Ok(v) => println!(
-            "  checked: the CUDA driver library loads (driver API {}.{})",
-            v / 1000,
-            v % 1000 / 10
-        ),
-        Err(e) => println!("  checked: the CUDA driver library loads; cuDriverGetVersion: {e}"),
-    }
-    match cuda_vmm::init() {
-        Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
-            println!("  checked: cuInit: {e}");
-            println!("no CUDA device found: no granularity to query on this machine.");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let devices = Device::all()?;
-    if devices.is_empty() {
-        println!("no CUDA device found: cuInit succeeded but the driver lists no device.");
-        return Ok(None);
-    }
-    println!("  checked: cuInit succeeded; {} device(s)", devices.len());
-    Ok(Some(devices))
 }

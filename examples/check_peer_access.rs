@@ -8,34 +8,29 @@
 //! Needs two devices; with fewer it says what it found. Run with
 //! `./with-libcuda cargo run --example check_peer_access`.
 
+// Each example is its own crate, and this one uses only part of the shared module: not
+// `exit_code_with_cause`, `check`, `verify`, `verify_debug`, `pattern` or `AddOne`.
+#[allow(dead_code)]
+mod common;
+
 use std::process::ExitCode;
 
-use cuda_vmm::{Device, DriverError, can_access_peer};
-
-type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+use common::{ExampleResult, two_or_more_devices_or_none};
+use cuda_vmm::can_access_peer;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("check_peer_access failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("check_peer_access", run())
 }
 
 fn run() -> ExampleResult {
     println!("check_peer_access: can_access_peer(from, to) for every ordered pair of devices");
-    let Some(devices) = devices_or_none()? else {
+    let Some(devices) = two_or_more_devices_or_none(
+        "there is no peer access to check",
+        "no pair to check (the P2P path is skipped)",
+    )?
+    else {
         return Ok(());
     };
-    if devices.len() < 2 {
-        println!(
-            "this example needs two CUDA devices, found {}: no pair to check (the P2P path is skipped)",
-            devices.len()
-        );
-        return Ok(());
-    }
 
     let mut can = 0usize;
     let mut pairs = 0usize;
@@ -83,33 +78,4 @@ fn run() -> ExampleResult {
         pairs - can
     );
     Ok(())
-}
-
-/// Every CUDA device, or `None` after printing what was checked and that there is none. Only "no GPU
-/// here" (no device or no kernel driver, or a stub library) is `None`; any other failure is an error.
-fn devices_or_none() -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
-        Ok(v) => println!(
-            "  checked: the CUDA driver library loads (driver API {}.{})",
-            v / 1000,
-            v % 1000 / 10
-        ),
-        Err(e) => println!("  checked: the CUDA driver library loads; cuDriverGetVersion: {e}"),
-    }
-    match cuda_vmm::init() {
-        Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
-            println!("  checked: cuInit: {e}");
-            println!("no CUDA device found: there is no peer access to check on this machine.");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let devices = Device::all()?;
-    if devices.is_empty() {
-        println!("no CUDA device found: cuInit succeeded but the driver lists no device.");
-        return Ok(None);
-    }
-    println!("  checked: cuInit succeeded; {} device(s)", devices.len());
-    Ok(Some(devices))
 }

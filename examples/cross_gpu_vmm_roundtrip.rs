@@ -16,17 +16,19 @@
 //! Needs two devices with VMM support; with fewer it says what it found. Run with
 //! `./with-libcuda cargo run --example cross_gpu_vmm_roundtrip`.
 
-use core::ffi::c_void;
-use std::ffi::CString;
+// Each example is its own crate, and this one uses only part of the shared module: not
+// `exit_code_with_cause` or `verify_debug`.
+#[allow(dead_code)]
+mod common;
+
 use std::process::ExitCode;
 
+use common::{AddOne, ExampleResult, check, pattern, two_or_more_devices_or_none, verify};
 use cuda_vmm::{
-    Context, CopyPath, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, DriverError, Error,
-    Granularity, Module, PhysicalAllocation, ReadWrite, Route, VirtualReservation, align_size,
-    allocation_granularity, can_access_peer, copy_between,
+    Context, CopyPath, Device, DeviceBuffer, DeviceSlice, Error, Granularity, PhysicalAllocation,
+    ReadWrite, Route, VirtualReservation, align_size, allocation_granularity, can_access_peer,
+    copy_between,
 };
-
-type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// The chapter's request for pattern (a), rounded up to the granularity.
 const CHAPTER_BYTES: usize = 4096;
@@ -36,27 +38,18 @@ const CHAPTER_BYTES: usize = 4096;
 const SHARED_BYTES: usize = 20 << 20;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cross_gpu_vmm_roundtrip failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("cross_gpu_vmm_roundtrip", run())
 }
 
 fn run() -> ExampleResult {
     println!("cross_gpu_vmm_roundtrip: GPU 0's physical memory, mapped for every device");
-    let Some(devices) = devices_or_none()? else {
+    let Some(devices) = two_or_more_devices_or_none(
+        "there is no cross-GPU mapping to make",
+        "the P2P path is skipped",
+    )?
+    else {
         return Ok(());
     };
-    if devices.len() < 2 {
-        println!(
-            "this example needs two CUDA devices, found {}: the P2P path is skipped",
-            devices.len()
-        );
-        return Ok(());
-    }
     for &device in &devices {
         if !device.supports_vmm()? {
             println!(
@@ -201,7 +194,10 @@ fn one_address(contexts: &[Context], granted: &[&Context], granularity: usize) -
             )?;
             let kernel = AddOne::load(peer)?;
             let mut out = DeviceBuffer::<u32>::zeroed(peer, len)?;
-            kernel.run(&mut out.as_mut_slice(), &view)?;
+            // SAFETY: `out` is a buffer just allocated on this GPU, so it does not overlap `view`
+            // (GPU 0's physical memory); nothing else writes either while the kernel runs: this
+            // example has one thread, and every copy of the crate has finished when it returns.
+            unsafe { kernel.run(&mut out.as_mut_slice(), &view) }?;
             verify(
                 &format!(
                     "  add_one on GPU {gpu} read {address:#x} (GPU 0's memory), wrote GPU {gpu}'s buffer"
@@ -319,75 +315,6 @@ fn fallback(contexts: &[Context], src: &DeviceSlice<'_, u32>, input: &[u32]) -> 
     Ok(())
 }
 
-/// PTX of `add_one(u32 *dst, const u32 *src, u32 n)`: `dst[i] = src[i] + 1` for `i < n`.
-const ADD_ONE_PTX: &str = include_str!("kernels/add_one.ptx");
-
-/// The `add_one` kernel, loaded into one device's context.
-struct AddOne<'ctx> {
-    module: Module<'ctx>,
-    device: Device,
-}
-
-impl<'ctx> AddOne<'ctx> {
-    fn load(context: &'ctx Context) -> ExampleResult<AddOne<'ctx>> {
-        let module = Module::load_ptx(context, &CString::new(ADD_ONE_PTX)?)?;
-        Ok(AddOne {
-            module,
-            device: context.device(),
-        })
-    }
-
-    /// `dst[i] = src[i] + 1` on this kernel's device; returns when the kernel has finished.
-    ///
-    /// Both views must be views *for this device* (`view.device()`): the crate hands out such a view
-    /// only for memory reachable from that device: its own buffer, a peer buffer through a live
-    /// `PeerAccess`, or (here) a VMM mapping granted to it, through `Access::slice_on`.
-    fn run(&self, dst: &mut DeviceSliceMut<'_, u32>, src: &DeviceSlice<'_, u32>) -> ExampleResult {
-        for view_device in [dst.device(), src.device()] {
-            if view_device != self.device {
-                return Err(format!(
-                    "add_one on GPU {} was given a view for GPU {}",
-                    self.device.ordinal(),
-                    view_device.ordinal()
-                )
-                .into());
-            }
-        }
-        if dst.len() != src.len() {
-            return Err(format!("add_one: {} outputs for {} inputs", dst.len(), src.len()).into());
-        }
-        let mut n = u32::try_from(src.len())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let function = self.module.function(c"add_one")?;
-        let mut dst_ptr = dst.as_raw_ptr();
-        let mut src_ptr = src.as_raw_ptr();
-        let mut params = [
-            (&raw mut dst_ptr).cast::<c_void>(),
-            (&raw mut src_ptr).cast::<c_void>(),
-            (&raw mut n).cast::<c_void>(),
-        ];
-        let block = 256;
-        // SAFETY:
-        // - Parameter types: `add_one` declares (.u64 dst, .u64 src, .u32 n); `params` points, in that
-        //   order, at a u64 device address, a u64 device address and a u32, alive for the call.
-        // - Reachability for the whole launch: both views are views for this kernel's device (checked
-        //   above), the device the launch runs on. `src` is GPU 0's VMM memory, granted to this device
-        //   by the `Access` the view borrows (`cuMemSetAccess`; no context peer access is needed);
-        //   `dst` is a buffer of this device's own context. The kernel touches the first `n` elements
-        //   of each, and `n` is both views' length (checked above).
-        // - Lifetimes: both views are borrowed by this function for the whole call, and through them the
-        //   buffer and the grant (so the mapping, reservation and physical memory), so none can be
-        //   freed, unmapped or revoked while the kernel runs; `launch` returns only once the kernel has
-        //   finished.
-        // - No other writer: `dst` is an exclusive view, and `src` is a different allocation that
-        //   nothing else writes during the call (copies of this crate are synchronous).
-        unsafe { function.launch((n.div_ceil(block), 1, 1), (block, 1, 1), &mut params) }?;
-        Ok(())
-    }
-}
-
 /// "0, 1, 2" for a list of devices.
 fn ordinals(devices: &[Device]) -> String {
     devices
@@ -395,75 +322,4 @@ fn ordinals(devices: &[Device]) -> String {
         .map(|d| d.ordinal().to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A deterministic pattern that differs between seeds.
-fn pattern(len: usize, seed: u32) -> Vec<u32> {
-    (0u32..)
-        .take(len)
-        .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
-        .collect()
-}
-
-fn check(ok: bool, what: &str) -> ExampleResult {
-    if ok {
-        println!("{what}: ok");
-        Ok(())
-    } else {
-        Err(format!("{what}: FAILED").into())
-    }
-}
-
-/// Compares what was read back with what was expected; an error names the first difference.
-fn verify(what: &str, got: &[u32], expected: &[u32]) -> ExampleResult {
-    if got.len() != expected.len() {
-        return Err(format!(
-            "{what}: FAILED, read {} values, expected {}",
-            got.len(),
-            expected.len()
-        )
-        .into());
-    }
-    match got.iter().zip(expected).position(|(g, e)| g != e) {
-        None => {
-            println!("{what}: ok ({} values match)", got.len());
-            Ok(())
-        }
-        Some(i) => Err(format!(
-            "{what}: FAILED at index {i}: read {:#x}, expected {:#x}",
-            got[i], expected[i]
-        )
-        .into()),
-    }
-}
-
-/// Every CUDA device, or `None` after printing what was checked and that there is none. Only "no GPU
-/// here" (no device or no kernel driver, or a stub library) is `None`; any other failure is an error.
-fn devices_or_none() -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
-        Ok(v) => println!(
-            "  checked: the CUDA driver library loads (driver API {}.{})",
-            v / 1000,
-            v % 1000 / 10
-        ),
-        Err(e) => println!("  checked: the CUDA driver library loads; cuDriverGetVersion: {e}"),
-    }
-    match cuda_vmm::init() {
-        Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
-            println!("  checked: cuInit: {e}");
-            println!(
-                "no CUDA device found: there is no cross-GPU mapping to make on this machine."
-            );
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let devices = Device::all()?;
-    if devices.is_empty() {
-        println!("no CUDA device found: cuInit succeeded but the driver lists no device.");
-        return Ok(None);
-    }
-    println!("  checked: cuInit succeeded; {} device(s)", devices.len());
-    Ok(Some(devices))
 }

@@ -16,44 +16,34 @@
 //! Needs two devices; with fewer it says what it found. Run with
 //! `./with-libcuda cargo run --example enable_bidirectional_peer_access`.
 
-use core::ffi::c_void;
-use std::ffi::CString;
+// Each example is its own crate, and this one uses only part of the shared module: not
+// `exit_code_with_cause`, `check` or `verify_debug`.
+#[allow(dead_code)]
+mod common;
+
 use std::process::ExitCode;
 
-use cuda_vmm::{
-    Context, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, DriverError, Error, Module,
-    PeerAccess, PeerLink, can_access_peer,
-};
-
-type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+use common::{AddOne, ExampleResult, pattern, two_or_more_devices_or_none, verify};
+use cuda_vmm::{Context, DeviceBuffer, Error, PeerAccess, PeerLink, can_access_peer};
 
 /// Elements of each test buffer (4 MiB of `u32`).
 const ELEMENTS: usize = 1 << 20;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("enable_bidirectional_peer_access failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("enable_bidirectional_peer_access", run())
 }
 
 fn run() -> ExampleResult {
     println!(
         "enable_bidirectional_peer_access: directional peer access guards, both ways, every pair"
     );
-    let Some(devices) = devices_or_none()? else {
+    let Some(devices) = two_or_more_devices_or_none(
+        "there is no peer access to enable",
+        "the P2P path is skipped",
+    )?
+    else {
         return Ok(());
     };
-    if devices.len() < 2 {
-        println!(
-            "this example needs two CUDA devices, found {}: the P2P path is skipped",
-            devices.len()
-        );
-        return Ok(());
-    }
 
     // One primary context and one loaded `add_one` per device, indexed by ordinal.
     let contexts: Vec<Context> = devices
@@ -180,139 +170,14 @@ fn prove(guard: &PeerAccess<'_>, kernel: &AddOne<'_>, which: &str) -> ExampleRes
     )?;
 
     let mut local = DeviceBuffer::<u32>::zeroed(from, ELEMENTS)?;
-    kernel.run(&mut local.as_mut_slice(), &peer_view)?;
+    // SAFETY: `local` is a buffer just allocated on `from`, so it does not overlap `peer_view` (a
+    // buffer of `to`); nothing else writes either while the kernel runs: this example has one thread,
+    // and every copy of the crate has finished when it returns.
+    unsafe { kernel.run(&mut local.as_mut_slice(), &peer_view) }?;
     let expected: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
     verify(
         &format!("    add_one on GPU {f} read GPU {t}'s buffer, wrote GPU {f}'s ({which})"),
         &local.as_slice().to_vec()?,
         &expected,
     )
-}
-
-/// PTX of `add_one(u32 *dst, const u32 *src, u32 n)`: `dst[i] = src[i] + 1` for `i < n`.
-const ADD_ONE_PTX: &str = include_str!("kernels/add_one.ptx");
-
-/// The `add_one` kernel, loaded into one device's context.
-struct AddOne<'ctx> {
-    module: Module<'ctx>,
-    device: Device,
-}
-
-impl<'ctx> AddOne<'ctx> {
-    fn load(context: &'ctx Context) -> ExampleResult<AddOne<'ctx>> {
-        let module = Module::load_ptx(context, &CString::new(ADD_ONE_PTX)?)?;
-        Ok(AddOne {
-            module,
-            device: context.device(),
-        })
-    }
-
-    /// `dst[i] = src[i] + 1` on this kernel's device; returns when the kernel has finished.
-    ///
-    /// Both views must be views *for this device* (`view.device()`): the crate hands out such a view
-    /// only for memory reachable from that device: its own buffer, a VMM mapping granted to it, or
-    /// (here) a peer buffer through `peer_slice`, which borrows a live `PeerAccess` from it.
-    fn run(&self, dst: &mut DeviceSliceMut<'_, u32>, src: &DeviceSlice<'_, u32>) -> ExampleResult {
-        for view_device in [dst.device(), src.device()] {
-            if view_device != self.device {
-                return Err(format!(
-                    "add_one on GPU {} was given a view for GPU {}",
-                    self.device.ordinal(),
-                    view_device.ordinal()
-                )
-                .into());
-            }
-        }
-        if dst.len() != src.len() {
-            return Err(format!("add_one: {} outputs for {} inputs", dst.len(), src.len()).into());
-        }
-        let mut n = u32::try_from(src.len())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let function = self.module.function(c"add_one")?;
-        let mut dst_ptr = dst.as_raw_ptr();
-        let mut src_ptr = src.as_raw_ptr();
-        let mut params = [
-            (&raw mut dst_ptr).cast::<c_void>(),
-            (&raw mut src_ptr).cast::<c_void>(),
-            (&raw mut n).cast::<c_void>(),
-        ];
-        let block = 256;
-        // SAFETY:
-        // - Parameter types: `add_one` declares (.u64 dst, .u64 src, .u32 n); `params` points, in that
-        //   order, at a u64 device address, a u64 device address and a u32, alive for the call.
-        // - Reachability for the whole launch: both views are views for this kernel's device (checked
-        //   above), the device the launch runs on. `src` is the peer buffer of the other GPU, opened to
-        //   this one by the live `PeerAccess` guard that the view borrows; `dst` is a buffer of this
-        //   device's own context. The kernel touches the first `n` elements of each, and `n` is both
-        //   views' length (checked above).
-        // - Lifetimes: both views are borrowed by this function for the whole call, and through them the
-        //   buffers and the guard, so none can be freed or disabled while the kernel runs; `launch`
-        //   returns only once the kernel has finished.
-        // - No other writer: `dst` is an exclusive view, and `src` is a different allocation that
-        //   nothing else writes during the call (copies of this crate are synchronous).
-        unsafe { function.launch((n.div_ceil(block), 1, 1), (block, 1, 1), &mut params) }?;
-        Ok(())
-    }
-}
-
-/// A deterministic pattern that differs between seeds.
-fn pattern(len: usize, seed: u32) -> Vec<u32> {
-    (0u32..)
-        .take(len)
-        .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
-        .collect()
-}
-
-/// Compares what was read back with what was expected; an error names the first difference.
-fn verify(what: &str, got: &[u32], expected: &[u32]) -> ExampleResult {
-    if got.len() != expected.len() {
-        return Err(format!(
-            "{what}: FAILED, read {} values, expected {}",
-            got.len(),
-            expected.len()
-        )
-        .into());
-    }
-    match got.iter().zip(expected).position(|(g, e)| g != e) {
-        None => {
-            println!("{what}: ok ({} values match)", got.len());
-            Ok(())
-        }
-        Some(i) => Err(format!(
-            "{what}: FAILED at index {i}: read {:#x}, expected {:#x}",
-            got[i], expected[i]
-        )
-        .into()),
-    }
-}
-
-/// Every CUDA device, or `None` after printing what was checked and that there is none. Only "no GPU
-/// here" (no device or no kernel driver, or a stub library) is `None`; any other failure is an error.
-fn devices_or_none() -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
-        Ok(v) => println!(
-            "  checked: the CUDA driver library loads (driver API {}.{})",
-            v / 1000,
-            v % 1000 / 10
-        ),
-        Err(e) => println!("  checked: the CUDA driver library loads; cuDriverGetVersion: {e}"),
-    }
-    match cuda_vmm::init() {
-        Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
-            println!("  checked: cuInit: {e}");
-            println!("no CUDA device found: there is no peer access to enable on this machine.");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let devices = Device::all()?;
-    if devices.is_empty() {
-        println!("no CUDA device found: cuInit succeeded but the driver lists no device.");
-        return Ok(None);
-    }
-    println!("  checked: cuInit succeeded; {} device(s)", devices.len());
-    Ok(Some(devices))
 }

@@ -9,28 +9,26 @@
 //!
 //! Run with `./with-libcuda cargo run --example single_gpu_vmm_roundtrip`.
 
+// Each example is its own crate, and this one uses only part of the shared module: not
+// `exit_code_with_cause`, `two_or_more_devices_or_none`, `check`, `verify`, `pattern` or `AddOne`.
+#[allow(dead_code)]
+mod common;
+
 use std::process::ExitCode;
 
+use common::{ExampleResult, devices_or_none, verify_debug};
 use cuda_vmm::{
-    Context, Device, DriverError, Granularity, PhysicalAllocation, ReadWrite, VirtualReservation,
-    align_size, allocation_granularity,
+    Context, Device, Granularity, PhysicalAllocation, ReadWrite, VirtualReservation, align_size,
+    allocation_granularity,
 };
 
-type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
-
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("single_gpu_vmm_roundtrip failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("single_gpu_vmm_roundtrip", run())
 }
 
 fn run() -> ExampleResult {
     println!("single_gpu_vmm_roundtrip: the VMM lifecycle on each device");
-    let Some(devices) = devices_or_none()? else {
+    let Some(devices) = devices_or_none("there is no VMM round trip to run")? else {
         return Ok(());
     };
     let mut done = 0usize;
@@ -94,7 +92,7 @@ fn roundtrip(device: Device) -> ExampleResult<bool> {
             .collect();
         access.slice_mut::<u8>()?.copy_from_host(&input)?;
         let output = access.slice::<u8>()?.to_vec()?;
-        verify(
+        verify_debug(
             &format!(
                 "  6. copied {size} B in (cuMemcpyHtoD) and out (cuMemcpyDtoH) through the mapping"
             ),
@@ -115,56 +113,4 @@ fn roundtrip(device: Device) -> ExampleResult<bool> {
     physical.release()?;
     println!("  9. PhysicalAllocation::release (cuMemRelease): reported success");
     Ok(true)
-}
-
-/// Compares what was read back with what was written; an error names the first difference.
-fn verify<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], expected: &[T]) -> ExampleResult {
-    if got.len() != expected.len() {
-        return Err(format!(
-            "{what}: FAILED, read {} values, expected {}",
-            got.len(),
-            expected.len()
-        )
-        .into());
-    }
-    match got.iter().zip(expected).position(|(g, e)| g != e) {
-        None => {
-            println!("{what}: ok ({} values match)", got.len());
-            Ok(())
-        }
-        Some(i) => Err(format!(
-            "{what}: FAILED at index {i}: read {:?}, expected {:?}",
-            got[i], expected[i]
-        )
-        .into()),
-    }
-}
-
-/// Every CUDA device, or `None` after printing what was checked and that there is none. Only "no GPU
-/// here" (no device or no kernel driver, or a stub library) is `None`; any other failure is an error.
-fn devices_or_none() -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
-        Ok(v) => println!(
-            "  checked: the CUDA driver library loads (driver API {}.{})",
-            v / 1000,
-            v % 1000 / 10
-        ),
-        Err(e) => println!("  checked: the CUDA driver library loads; cuDriverGetVersion: {e}"),
-    }
-    match cuda_vmm::init() {
-        Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
-            println!("  checked: cuInit: {e}");
-            println!("no CUDA device found: there is no VMM round trip to run on this machine.");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let devices = Device::all()?;
-    if devices.is_empty() {
-        println!("no CUDA device found: cuInit succeeded but the driver lists no device.");
-        return Ok(None);
-    }
-    println!("  checked: cuInit succeeded; {} device(s)", devices.len());
-    Ok(Some(devices))
 }

@@ -10,56 +10,25 @@
 #[path = "common/topology.rs"]
 mod topology;
 
+// Each example is its own crate, and this one uses only part of the shared module: not
+// `exit_code_with_cause`, `two_or_more_devices_or_none`, `check`, `verify`, `verify_debug`, `pattern`
+// or `AddOne`.
+#[allow(dead_code)]
+mod common;
+
 use std::process::ExitCode;
 
-use cuda_vmm::{Device, DriverError};
-
-type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+use common::{ExampleResult, devices_or_none};
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("topology failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("topology", run())
 }
 
 fn run() -> ExampleResult {
     println!("topology: devices, peer access, P2P attributes and copy paths");
-    let Some(devices) = devices_or_none()? else {
+    let Some(devices) = devices_or_none("there is no topology to show")? else {
         return Ok(());
     };
     topology::print(&devices)?;
     Ok(())
-}
-
-/// Every CUDA device, or `None` after printing what was checked and that there is none. Only "no GPU
-/// here" (no device or no kernel driver, or a stub library) is `None`; any other failure is an error.
-fn devices_or_none() -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
-        Ok(v) => println!(
-            "  checked: the CUDA driver library loads (driver API {}.{})",
-            v / 1000,
-            v % 1000 / 10
-        ),
-        Err(e) => println!("  checked: the CUDA driver library loads; cuDriverGetVersion: {e}"),
-    }
-    match cuda_vmm::init() {
-        Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
-            println!("  checked: cuInit: {e}");
-            println!("no CUDA device found: there is no topology to show on this machine.");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let devices = Device::all()?;
-    if devices.is_empty() {
-        println!("no CUDA device found: cuInit succeeded but the driver lists no device.");
-        return Ok(None);
-    }
-    println!("  checked: cuInit succeeded; {} device(s)", devices.len());
-    Ok(Some(devices))
 }

@@ -4,32 +4,27 @@
 //!
 //! Run with `./with-libcuda cargo run --example tour`.
 
+// Each example is its own crate, and this one uses only part of the shared module: not `exit_code`,
+// `devices_or_none` or `two_or_more_devices_or_none` (the tour finds its devices itself, with its own
+// messages), `verify`, `verify_debug`, `pattern` or `AddOne`.
+#[allow(dead_code)]
+mod common;
 #[path = "common/topology.rs"]
 mod topology;
 
 use std::process::ExitCode;
 
+use common::{ExampleResult, check};
 use cuda_vmm::{
     Context, Device, DriverError, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
     VirtualReservation, align_size, allocation_granularity,
 };
 
 fn main() -> ExitCode {
-    match tour() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tour failed: {e}");
-            if let Some(source) = std::error::Error::source(&*e) {
-                eprintln!("  caused by: {source}");
-            }
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code_with_cause("tour", tour())
 }
 
-type TourResult = Result<(), Box<dyn std::error::Error>>;
-
-fn tour() -> TourResult {
+fn tour() -> ExampleResult {
     println!("cuda-vmm tour");
     match cuda_vmm::driver_version() {
         Ok(v) => println!(
@@ -76,7 +71,7 @@ fn tour() -> TourResult {
     Ok(())
 }
 
-fn single_gpu_lifecycle(device: Device) -> TourResult {
+fn single_gpu_lifecycle(device: Device) -> ExampleResult {
     println!("\nsingle-GPU VMM lifecycle on {device:?}");
     let context = Context::new(device)?;
     let (free_at_start, _) = context.memory_info()?;
@@ -139,13 +134,4 @@ fn single_gpu_lifecycle(device: Device) -> TourResult {
         free_at_end == free_at_start,
         "  9. cuMemGetInfo: free device memory is back to the byte",
     )
-}
-
-fn check(ok: bool, what: &str) -> TourResult {
-    if ok {
-        println!("{what}: ok");
-        Ok(())
-    } else {
-        Err(format!("{what}: FAILED").into())
-    }
 }
