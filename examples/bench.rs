@@ -107,7 +107,9 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// Times `safe` and `raw` alternately, `reps` times each; returns the median seconds of each.
+/// Times `safe` and `raw` alternately, `reps` times each, in ABBA order (which of the two runs first
+/// swaps every repetition, so an order effect does not favour either); returns the median seconds of
+/// each.
 fn race(
     reps: usize,
     mut safe: impl FnMut() -> BenchResult<()>,
@@ -116,13 +118,20 @@ fn race(
     safe()?;
     raw()?;
     let (mut s, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
-    for _ in 0..reps {
+    let time = |f: &mut dyn FnMut() -> BenchResult<()>, into: &mut Vec<f64>| -> BenchResult<()> {
         let t = Instant::now();
-        safe()?;
-        s.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        raw()?;
-        r.push(t.elapsed().as_secs_f64());
+        f()?;
+        into.push(t.elapsed().as_secs_f64());
+        Ok(())
+    };
+    for i in 0..reps {
+        if i % 2 == 0 {
+            time(&mut safe, &mut s)?;
+            time(&mut raw, &mut r)?;
+        } else {
+            time(&mut raw, &mut r)?;
+            time(&mut safe, &mut s)?;
+        }
     }
     Ok((median(s), median(r)))
 }
@@ -203,6 +212,19 @@ fn run() -> BenchResult<()> {
             || lifecycle_safe(ctx, size),
             || lifecycle_raw(ctx, size),
         )?;
+        // The same raw calls against themselves: the bias and noise of this measurement.
+        let (a, b) = race(
+            reps,
+            || lifecycle_raw(ctx, size),
+            || lifecycle_raw(ctx, size),
+        )?;
+        rows.push(Row {
+            name: format!("lifecycle {label}, raw vs raw (us)"),
+            unit: "us",
+            safe: a * 1e6,
+            raw: b * 1e6,
+            goal: "calibration: ~1",
+        });
         rows.push(Row {
             name: format!("lifecycle {label} (us)"),
             unit: "us",
