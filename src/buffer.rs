@@ -39,18 +39,22 @@ impl<T: Pod> fmt::Debug for DeviceBuffer<'_, T> {
 }
 
 impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
-    /// `cuMemAlloc` — allocate `len` values of `T` on `context`'s device, zero-filled.
+    /// `cuMemAlloc` + `cuMemsetD8` — allocate `len` values of `T` on `context`'s device, zero-filled
+    /// (all-zero bytes are a valid `T`: `Pod` implies `Zeroable`).
     ///
     /// # Errors
     /// [`Error::Overflow`] where the byte size overflows; the driver's error otherwise (e.g.
     /// [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY)).
     #[doc(alias = "cuMemAlloc")]
     pub fn zeroed(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
-        let mut buffer = DeviceBuffer::uninit_zeroable(context, len)?;
-        if len > 0 {
-            buffer
-                .as_mut_slice()
-                .copy_from_host(&vec![T::zeroed(); len])?;
+        let buffer = DeviceBuffer::uninit_zeroable(context, len)?;
+        if buffer.ptr != 0 {
+            // `uninit_zeroable` left `context` current.
+            // SAFETY: `[ptr, ptr + len * size_of::<T>())` is this buffer's own memory, in the current
+            // context; the null stream is then synchronised, so the fill has finished on return.
+            check(unsafe { sys::cuMemsetD8_v2(buffer.ptr, 0, len * size_of::<T>()) })?;
+            // SAFETY: the null stream is the current context's legacy default stream, always valid.
+            check(unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) })?;
         }
         Ok(buffer)
     }

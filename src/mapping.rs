@@ -71,8 +71,9 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// mapping is unmapped or granted again.
     ///
     /// # Errors
-    /// The driver's error. Then no `Access` exists, so nothing can use the mapping; the chapter's advice
-    /// for a failed setup is to drop the mapping.
+    /// The driver's error. Then no `Access` exists, so nothing can use the mapping, and every listed
+    /// device is set back to no access, so nothing is left half granted. The chapter's advice for a
+    /// failed setup is to drop the mapping and fall back.
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant<'a, M: AccessMode>(
         &'a mut self,
@@ -124,7 +125,19 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         contexts: Contexts<'a>,
         mode: M,
     ) -> Result<Access<'a, M>> {
-        set_access(self.ptr, self.size, contexts, M::FLAGS)?;
+        if let Err(e) = set_access(self.ptr, self.size, contexts, M::FLAGS) {
+            // Leave nothing half granted: whatever part of the call the driver applied is taken back,
+            // device by device (a device the driver refuses outright was not granted either).
+            for context in contexts.iter() {
+                let _ = set_access(
+                    self.ptr,
+                    self.size,
+                    Contexts::One(context),
+                    sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+                );
+            }
+            return Err(e);
+        }
         Ok(Access::new(self.ptr, self.size, contexts, mode))
     }
 

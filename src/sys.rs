@@ -194,6 +194,7 @@ unsafe extern "C" {
 
     pub(crate) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
     pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
+    pub(crate) fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) -> CUresult;
     pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
 
     pub(crate) fn cuStreamSynchronize(stream: CUstream) -> CUresult;

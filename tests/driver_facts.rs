@@ -118,6 +118,25 @@ fn driver_refuses_what_the_types_forbid() {
     println!("copy after a scoped grant ended: {}", name(after_revoke));
     assert_ne!(after_revoke, 0, "a revoked grant still opens the mapping");
 
+    // A grant naming one device twice: whatever the driver answers, a refused grant leaves the mapping
+    // closed (the crate takes back any part the driver applied).
+    {
+        let contexts = [&ctx, &ctx];
+        match granted.grant_all(&contexts, ReadWrite) {
+            Ok(access) => println!(
+                "grant naming one device twice: accepted ({} device entries)",
+                access.devices().len()
+            ),
+            Err(e) => {
+                println!("grant naming one device twice: {e}");
+                let mut host = vec![0u8; 64];
+                // SAFETY: as for the reads below: the driver refuses or fails the copy.
+                let read = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptr, host.len()) };
+                assert_ne!(read, 0, "a refused grant left the mapping open");
+            }
+        }
+    }
+
     // Reading a mapping no device may access: the driver refuses it. The types make this unwritable
     // (ui-tests/access/view_before_grant, pointer_before_grant).
     let ungranted = second_half.map(&memory).unwrap();
