@@ -134,6 +134,35 @@ fn wait_for_copy() -> Result<(), Error> {
     Ok(check(unsafe { sys::cuStreamSynchronize(ptr::null_mut()) })?)
 }
 
+/// The accessors both view types share: they read the same three fields.
+macro_rules! view_accessors {
+    () => {
+        /// The number of elements.
+        #[must_use]
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        /// Whether the view has no elements.
+        #[must_use]
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        /// The device whose context the view's copies run in.
+        #[must_use]
+        pub fn device(&self) -> Device {
+            self.context.device()
+        }
+
+        /// The device address of the first element: an escape hatch that owns nothing and frees nothing.
+        #[must_use]
+        pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
+            self.ptr
+        }
+    };
+}
+
 impl<'a, T: Pod> DeviceSlice<'a, T> {
     /// A view of `[ptr, ptr + len * size_of::<T>())`, which the caller guarantees is device memory
     /// reachable from `context`'s device for `'a`.
@@ -155,29 +184,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
         (self.ptr, self.len, self.context)
     }
 
-    /// The number of elements.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device whose context the view's copies run in.
-    #[must_use]
-    pub fn device(&self) -> Device {
-        self.context.device()
-    }
-
-    /// The device address of the first element: an escape hatch that owns nothing and frees nothing.
-    #[must_use]
-    pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
-    }
+    view_accessors!();
 
     /// A sub-view of the elements in `range`.
     ///
@@ -244,29 +251,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         }
     }
 
-    /// The number of elements.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device whose context the view's copies run in.
-    #[must_use]
-    pub fn device(&self) -> Device {
-        self.context.device()
-    }
-
-    /// The device address of the first element: an escape hatch that owns nothing and frees nothing.
-    #[must_use]
-    pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
-    }
+    view_accessors!();
 
     /// A read-only view of the same elements, for as long as it is borrowed.
     #[must_use]
