@@ -42,6 +42,12 @@ impl<'ctx> Module<'ctx> {
         Ok(Module { raw, context })
     }
 
+    /// The device the module was loaded for.
+    #[must_use]
+    pub fn device(&self) -> crate::Device {
+        self.context.device()
+    }
+
     /// `cuModuleGetFunction` — the kernel named `name`.
     ///
     /// # Errors
@@ -89,6 +95,13 @@ impl fmt::Debug for Function<'_> {
 }
 
 impl Function<'_> {
+    /// The device the kernel runs on: every address given to [`launch`](Function::launch) must be
+    /// reachable from it.
+    #[must_use]
+    pub fn device(&self) -> crate::Device {
+        self.context.device()
+    }
+
     /// `cuLaunchKernel` — run the kernel on `grid` × `block` threads in its module's context, and wait
     /// until it has finished.
     ///

@@ -5,7 +5,7 @@ use core::ptr;
 
 use bytemuck::Pod;
 
-use crate::device::Context;
+use crate::device::{Context, Device};
 use crate::error::{Error, Result, check};
 use crate::peer::can_access_peer;
 use crate::sys;
@@ -23,6 +23,26 @@ pub enum Route {
     /// Always [`CopyPath::Staged`], also on one device (to compare the paths, or to avoid the
     /// peer link).
     Staged,
+}
+
+impl Route {
+    /// The path [`copy_between`] takes on this route for a copy from a view on `src` to a view on
+    /// `dst` (for [`Route::Auto`]: `cuDeviceCanAccessPeer(dst, src)`). Changes nothing.
+    ///
+    /// # Errors
+    /// The driver's error from the peer query, if any.
+    pub fn path(self, dst: Device, src: Device) -> Result<CopyPath> {
+        let direct = match self {
+            Route::Direct => true,
+            Route::Staged => false,
+            Route::Auto => dst == src || can_access_peer(dst, src)?.is_some(),
+        };
+        Ok(if direct {
+            CopyPath::Direct
+        } else {
+            CopyPath::Staged
+        })
+    }
 }
 
 /// The path a copy took.
@@ -87,18 +107,7 @@ fn copy<T: Pod>(
             found: src.len(),
         });
     }
-    let path = match route {
-        Route::Direct => CopyPath::Direct,
-        Route::Staged => CopyPath::Staged,
-        Route::Auto if dst.device() == src.device() => CopyPath::Direct,
-        Route::Auto => {
-            if can_access_peer(dst.device(), src.device())?.is_some() {
-                CopyPath::Direct
-            } else {
-                CopyPath::Staged
-            }
-        }
-    };
+    let path = route.path(dst.device(), src.device())?;
     let (dst_ptr, _, dst_ctx) = dst.as_slice().parts();
     let (src_ptr, len, src_ctx) = src.parts();
     let bytes = len * size_of::<T>();

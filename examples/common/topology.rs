@@ -4,7 +4,7 @@
 //! Written for any number of devices: every table has one row per device or per ordered pair.
 
 use cuda_vmm::{
-    CopyPath, Device, Error, Granularity, P2PAttributes, allocation_granularity, can_access_peer,
+    Device, Error, Granularity, P2PAttributes, Route, allocation_granularity, can_access_peer,
     p2p_attributes,
 };
 
@@ -44,7 +44,11 @@ pub(crate) fn print(devices: &[Device]) -> Result<(), Error> {
         "copy path Route::Auto takes for a copy from the row's GPU (source) to the column's GPU (destination)",
         "Direct (one cuMemcpyPeer) where the destination can access the source, else Staged (pinned host memory)",
         devices,
-        |src, dst| format!("{:?}", auto_path(&links, src, dst)),
+        |src, dst| {
+            Route::Auto
+                .path(devices[dst], devices[src])
+                .map_or_else(|e| e.to_string(), |path| format!("{path:?}"))
+        },
     );
     print_pairs(devices, &links)
 }
@@ -81,16 +85,6 @@ fn print_devices(devices: &[Device]) -> Result<(), Error> {
         println!("    {ordinal:<4} {name:<name_width$}  {vmm:<4} {granularity}");
     }
     Ok(())
-}
-
-/// The path [`cuda_vmm::copy_between`] takes with `Route::Auto` for a copy from `src` to `dst`: its
-/// rule, restated from the crate's documentation (the crate has no query for it).
-fn auto_path(links: &[Vec<bool>], src: usize, dst: usize) -> CopyPath {
-    if src == dst || links[dst][src] {
-        CopyPath::Direct
-    } else {
-        CopyPath::Staged
-    }
 }
 
 /// A device × device matrix: rows and columns are GPUs, the diagonal is `-`.
