@@ -70,6 +70,13 @@
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
 //! and keeps its borrows' owners alive in the driver, nothing more.
 //!
+//! # Several GPUs
+//! Context peer access ([`PeerAccess`], for [`DeviceBuffer`] memory) and VMM grants
+//! ([`Mapping::grant_all`], [`Mapping::grant_scoped`]) are separate driver mechanisms; neither opens
+//! the other's memory. [`can_access_peer`] answers with the [`PeerLink`] that enabling requires, and
+//! [`copy_between`] copies across devices directly or, where they cannot reach each other, through
+//! pinned host memory.
+//!
 //! # Driver values
 //! Driver results are integers wrapped in [`DriverError`], never Rust enums: a driver newer than any
 //! header returns codes no enum has, and reading such a value through an enum is undefined behaviour.
