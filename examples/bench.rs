@@ -173,6 +173,20 @@ struct Row {
     goal: &'static str,
 }
 
+impl Row {
+    /// A bandwidth row: `bytes` moved in the median seconds `safe` and `raw`, in GB/s.
+    fn gbs(name: impl Into<String>, bytes: usize, safe: f64, raw: f64, goal: &'static str) -> Row {
+        let rate = |t: f64| float(bytes) / t / 1e9;
+        Row {
+            name: name.into(),
+            unit: "GB/s",
+            safe: rate(safe),
+            raw: rate(raw),
+            goal,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -327,7 +341,6 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
     let (dst_ptr, src_ptr) = (dst.as_raw_ptr(), src.as_raw_ptr());
     let mut host = Pinned::new(ctx, bytes)?;
     let host_ptr = host.ptr;
-    let gbs = |t: f64| float(bytes) / t / 1e9;
     let reps = 30;
 
     let (safe, raw_t) = race(
@@ -346,13 +359,13 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
             ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
         },
     )?;
-    rows.push(Row {
-        name: "host -> device, pinned (GB/s)".into(),
-        unit: "GB/s",
-        safe: gbs(safe),
-        raw: gbs(raw_t),
-        goal: "safe/raw >= 0.99",
-    });
+    rows.push(Row::gbs(
+        "host -> device, pinned (GB/s)",
+        bytes,
+        safe,
+        raw_t,
+        "safe/raw >= 0.99",
+    ));
 
     let (safe, raw_t) = race(
         reps,
@@ -368,13 +381,13 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
             ok(raw::cuMemcpyDtoH_v2(host_ptr, src_ptr, bytes))
         },
     )?;
-    rows.push(Row {
-        name: "device -> host, pinned (GB/s)".into(),
-        unit: "GB/s",
-        safe: gbs(safe),
-        raw: gbs(raw_t),
-        goal: "safe/raw >= 0.99",
-    });
+    rows.push(Row::gbs(
+        "device -> host, pinned (GB/s)",
+        bytes,
+        safe,
+        raw_t,
+        "safe/raw >= 0.99",
+    ));
 
     let (safe, raw_t) = race(
         reps,
@@ -391,13 +404,13 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
             ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
         },
     )?;
-    rows.push(Row {
-        name: "device -> device (GB/s)".into(),
-        unit: "GB/s",
-        safe: gbs(safe),
-        raw: gbs(raw_t),
-        goal: "safe/raw >= 0.99",
-    });
+    rows.push(Row::gbs(
+        "device -> device (GB/s)",
+        bytes,
+        safe,
+        raw_t,
+        "safe/raw >= 0.99",
+    ));
     Ok(())
 }
 
@@ -467,7 +480,6 @@ fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchRes
     let mut dst = DeviceBuffer::<u8>::zeroed(dst_ctx, len)?;
     let mut host = Pinned::new(src_ctx, len)?;
     let (dst_ptr, src_ptr) = (dst.as_slice().as_raw_ptr(), src.as_slice().as_raw_ptr());
-    let gbs = |t: f64| float(len) / t / 1e9;
     let reps = 20;
     let (label, peak) = if contexts.len() > 1 {
         ("GPU 0 -> GPU 1", "; NVLink 4 peak 450 per direction")
@@ -498,13 +510,13 @@ fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchRes
             ok(raw::cuCtxSynchronize())
         },
     )?;
-    rows.push(Row {
-        name: format!("{label} direct (GB/s{peak})"),
-        unit: "GB/s",
-        safe: gbs(safe),
-        raw: gbs(raw_t),
-        goal: "safe/raw >= 0.99",
-    });
+    rows.push(Row::gbs(
+        format!("{label} direct (GB/s{peak})"),
+        len,
+        safe,
+        raw_t,
+        "safe/raw >= 0.99",
+    ));
     let direct = safe;
     let mut staging = Staging::new(src_ctx, STAGING_CHUNK_BYTES)?;
     let (staged, down) = race(
@@ -531,26 +543,26 @@ fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchRes
         || Ok(()),
     )?;
     let slower_leg = down.max(up);
-    rows.push(Row {
-        name: format!("{label} staged, new vs reused staging (GB/s)"),
-        unit: "GB/s",
-        safe: gbs(one_shot),
-        raw: gbs(staged),
-        goal: "report",
-    });
-    rows.push(Row {
-        name: format!("{label} staged vs direct (GB/s)"),
-        unit: "GB/s",
-        safe: gbs(staged),
-        raw: gbs(direct),
-        goal: "staged/direct: report",
-    });
-    rows.push(Row {
-        name: format!("{label} staged vs slower host leg (GB/s)"),
-        unit: "GB/s",
-        safe: gbs(staged),
-        raw: gbs(slower_leg),
-        goal: "staged/slower leg: ~1 when overlapped",
-    });
+    rows.push(Row::gbs(
+        format!("{label} staged, new vs reused staging (GB/s)"),
+        len,
+        one_shot,
+        staged,
+        "report",
+    ));
+    rows.push(Row::gbs(
+        format!("{label} staged vs direct (GB/s)"),
+        len,
+        staged,
+        direct,
+        "staged/direct: report",
+    ));
+    rows.push(Row::gbs(
+        format!("{label} staged vs slower host leg (GB/s)"),
+        len,
+        staged,
+        slower_leg,
+        "staged/slower leg: ~1 when overlapped",
+    ));
     Ok(())
 }
