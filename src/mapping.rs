@@ -175,11 +175,18 @@ pub(crate) fn set_access(
         flags,
     };
     // One device (the common case) needs no heap allocation.
-    let (one, many): ([sys::CUmemAccessDesc; 1], Vec<sys::CUmemAccessDesc>) = match contexts {
-        Contexts::One(c) => ([desc(c)], Vec::new()),
-        Contexts::Many(cs) => ([desc(cs[0])], cs.iter().map(|c| desc(c)).collect()),
+    let one: [sys::CUmemAccessDesc; 1];
+    let many: Vec<sys::CUmemAccessDesc>;
+    let descs: &[sys::CUmemAccessDesc] = match contexts {
+        Contexts::One(c) => {
+            one = [desc(c)];
+            &one
+        }
+        Contexts::Many(cs) => {
+            many = cs.iter().map(|c| desc(c)).collect();
+            &many
+        }
     };
-    let descs: &[sys::CUmemAccessDesc] = if many.is_empty() { &one } else { &many };
     // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
     // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
     check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
