@@ -4,11 +4,12 @@
 
 mod common;
 
+use common::code_name as name;
+
 use core::ffi::c_void;
 
 use cuda_vmm::{
-    DriverError, Granularity, PhysicalAllocation, ReadWrite, VirtualReservation,
-    allocation_granularity,
+    Granularity, PhysicalAllocation, ReadWrite, VirtualReservation, allocation_granularity,
 };
 
 #[repr(C)]
@@ -29,10 +30,6 @@ unsafe extern "C" {
     fn cuMemSetAccess(ptr: u64, size: usize, desc: *const MemAccessDesc, count: usize) -> u32;
     fn cuMemUnmap(ptr: u64, size: usize) -> u32;
     fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32;
-}
-
-fn name(code: u32) -> String {
-    DriverError::from_raw(code).map_or_else(|| "CUDA_SUCCESS".to_owned(), |e| e.to_string())
 }
 
 #[test]

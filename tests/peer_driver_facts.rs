@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::code_name as name;
+
 use core::ffi::c_void;
 
 use cuda_vmm::{
@@ -17,10 +19,6 @@ unsafe extern "C" {
     fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
     fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
     fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) -> u32;
-}
-
-fn name(code: u32) -> String {
-    DriverError::from_raw(code).map_or_else(|| "CUDA_SUCCESS".to_owned(), |e| e.to_string())
 }
 
 /// `cuMemcpyDtoD` issued with `ctx` current.

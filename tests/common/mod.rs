@@ -55,6 +55,11 @@ pub fn gpu_or_skip(test: &str) -> Option<(Device, Context)> {
     gpus_or_skip(test, 1).and_then(|v| v.into_iter().next())
 }
 
+/// A raw driver result as text: `CUDA_SUCCESS` or the error's name and description.
+pub fn code_name(code: u32) -> String {
+    DriverError::from_raw(code).map_or_else(|| "CUDA_SUCCESS".to_owned(), |e| e.to_string())
+}
+
 /// A deterministic byte pattern that differs between `seed`s.
 pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32)
