@@ -115,10 +115,12 @@ impl Function<'_> {
     /// # Safety
     /// - `params` must match the kernel's parameter list in number, order and types.
     /// - Every address the kernel reads or writes must be device memory reachable from this context's
-    ///   device (for VMM memory: granted to it; for another device's `cuMemAlloc` memory: a live
-    ///   [`PeerAccess`](crate::PeerAccess) from this context), alive until the launch returns, and not
-    ///   written by anything else meanwhile (views hand out addresses with `as_raw_ptr`; keep the views
-    ///   borrowed across the call).
+    ///   device, alive until the launch returns, and not written by anything else meanwhile: for VMM
+    ///   memory, granted to this device; for another device's `cuMemAlloc` memory, under a
+    ///   [`PeerAccess`](crate::PeerAccess) whose `from` is this context and whose `to` owns the
+    ///   memory, alive until the launch returns. Views hand out their addresses with `as_raw_ptr` and
+    ///   carry these borrows: take the addresses from views kept alive across the call (a peer view
+    ///   from [`DeviceBuffer::peer_slice`](crate::DeviceBuffer::peer_slice) borrows its guard).
     #[doc(alias = "cuLaunchKernel")]
     pub unsafe fn launch(
         &self,

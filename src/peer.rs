@@ -92,51 +92,70 @@ pub fn p2p_attributes(from: Device, to: Device) -> Result<P2PAttributes> {
     })
 }
 
-/// How many live [`PeerAccess`] guards each `(from, to)` context pair has. The driver's peer table is
-/// process-wide, so overlapping guards of one direction share one enablement: the first enables, the
-/// last to end disables.
-static ENABLED: Mutex<GuardCounts> = Mutex::new(GuardCounts::new());
+/// The live [`PeerAccess`] guards of each direction. The driver's peer table is process-wide, so
+/// overlapping guards of one direction share one enablement: the first enables, the last to end
+/// disables. Every `enable` and `end` takes this lock, so they are serialised process-wide (ending the
+/// last guard of a direction synchronises its `from` context under it).
+static ENABLED: Mutex<GuardCounts<Held>> = Mutex::new(GuardCounts::new());
 
-/// A `(from, to)` pair of contexts, by handle address.
-type Pair = (usize, usize);
+/// A `(from, to)` direction, by device ordinal. Every [`Context`] is its device's primary context, so a
+/// device names its context.
+type Pair = (i32, i32);
 
 fn pair(from: &Context, to: &Context) -> Pair {
-    (from.as_raw() as usize, to.as_raw() as usize)
+    (from.device().as_raw(), to.device().as_raw())
 }
 
-/// Live guards per context pair: the bookkeeping behind overlapping guards, free of driver calls.
-#[derive(Debug)]
-struct GuardCounts(Vec<(Pair, usize)>);
+/// What a direction with live guards holds on to.
+struct Held {
+    /// Both primary contexts, retained while the direction has guards, forgotten ones included: a
+    /// primary context released by its last user is reset, and a reset drops its peer access. Held
+    /// here, a forgotten guard keeps the direction really enabled (a leak), and no later guard can
+    /// count on an enablement that a reset took away.
+    _contexts: (Context, Context),
+    /// Whether the first guard enabled the direction itself. Where the driver answered
+    /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` instead, other code sharing the primary context enabled
+    /// it, and the last guard leaves it enabled as it found it.
+    disable_at_end: bool,
+}
 
-impl GuardCounts {
-    const fn new() -> GuardCounts {
+/// Live guards per direction, each with what it holds: the bookkeeping behind overlapping guards, free
+/// of driver calls.
+#[derive(Debug)]
+struct GuardCounts<H>(Vec<(Pair, usize, H)>);
+
+impl<H> GuardCounts<H> {
+    const fn new() -> GuardCounts<H> {
         GuardCounts(Vec::new())
     }
 
     /// Whether `pair` has a live guard (its direction is enabled).
+    #[cfg(test)]
     fn is_enabled(&self, pair: Pair) -> bool {
         self.0.iter().any(|e| e.0 == pair)
     }
 
-    /// Records a new guard of `pair`.
-    fn add(&mut self, pair: Pair) {
-        match self.0.iter_mut().find(|e| e.0 == pair) {
-            Some(entry) => entry.1 += 1,
-            None => self.0.push((pair, 1)),
-        }
+    /// Records a new guard of `pair` and returns the direction's hold: the one it has where it has
+    /// live guards already, else one made by `hold` (where that fails, nothing is recorded).
+    fn add<E>(&mut self, pair: Pair, hold: impl FnOnce() -> Result<H, E>) -> Result<&mut H, E> {
+        let i = if let Some(i) = self.0.iter().position(|e| e.0 == pair) {
+            self.0[i].1 += 1;
+            i
+        } else {
+            self.0.push((pair, 1, hold()?));
+            self.0.len() - 1
+        };
+        Ok(&mut self.0[i].2)
     }
 
-    /// Ends one guard of `pair`; `true` where it was the last, so the direction is to be disabled.
-    fn remove(&mut self, pair: Pair) -> bool {
-        let Some(i) = self.0.iter().position(|e| e.0 == pair) else {
-            return false;
-        };
+    /// Ends one guard of `pair`; its hold where it was the last, so the direction is to be disabled.
+    fn remove(&mut self, pair: Pair) -> Option<H> {
+        let i = self.0.iter().position(|e| e.0 == pair)?;
         self.0[i].1 -= 1;
         if self.0[i].1 > 0 {
-            return false;
+            return None;
         }
-        self.0.swap_remove(i);
-        true
+        Some(self.0.swap_remove(i).2)
     }
 }
 
@@ -147,8 +166,14 @@ impl GuardCounts {
 /// another guard of the same direction still lives. Whatever uses the peer memory borrows the guard
 /// ([`DeviceBuffer::peer_slice`](crate::DeviceBuffer::peer_slice)), so access cannot end while in use.
 ///
-/// Forgetting a guard (`mem::forget`) leaves the direction enabled for the rest of the process: a
-/// leak, never a use after disable.
+/// While a direction has guards, the crate also keeps both primary contexts retained. Forgetting a
+/// guard (`mem::forget`) therefore leaves the direction enabled, and both contexts alive, for the rest
+/// of the process: a leak, never a use after disable.
+///
+/// Access that other code sharing the primary context (a runtime-based library, say) had enabled
+/// before the first guard is left enabled when the last guard ends.
+///
+/// `enable` and the end of a guard are serialised process-wide by one lock.
 ///
 /// # Lifetimes
 /// `'ctx` is the borrow of both contexts: neither can be released while the guard lives.
@@ -171,7 +196,8 @@ impl<'ctx> PeerAccess<'ctx> {
     ///
     /// `link` is the answer of [`can_access_peer`]`(from.device(), to.device())`. Access that is already
     /// enabled (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`, by another guard or by other code) is not an
-    /// error.
+    /// error. The first guard of a direction also retains both primary contexts until the last one
+    /// ends.
     ///
     /// # Errors
     /// [`Error::DeviceMismatch`] where `link` is not for these two devices in this direction;
@@ -192,16 +218,39 @@ impl<'ctx> PeerAccess<'ctx> {
             }
         }
         let mut counts = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
-        if !counts.is_enabled(pair(from, to)) {
-            from.bind_to_thread()?;
-            // SAFETY: `from` is current; `to.as_raw()` is a retained context (borrowed for `'ctx`); flags 0.
-            let code = unsafe { sys::cuCtxEnablePeerAccess(to.as_raw(), 0) };
-            if DriverError::from_raw(code) != Some(DriverError::PEER_ACCESS_ALREADY_ENABLED) {
-                check(code)?;
+        // Asked of the driver every time, not only for the first guard: the bookkeeping then never
+        // stands in for the driver's own table.
+        from.bind_to_thread()?;
+        // SAFETY: `from` is current; `to.as_raw()` is a retained context (borrowed for `'ctx`); flags 0.
+        let code = unsafe { sys::cuCtxEnablePeerAccess(to.as_raw(), 0) };
+        let enabled_here = match DriverError::from_raw(code) {
+            None => true,
+            Some(e) if e == DriverError::PEER_ACCESS_ALREADY_ENABLED => false,
+            Some(e) => return Err(e.into()),
+        };
+        let added = counts.add(pair(from, to), || {
+            Ok::<_, Error>(Held {
+                _contexts: (Context::new(from.device())?, Context::new(to.device())?),
+                disable_at_end: enabled_here,
+            })
+        });
+        match added {
+            Ok(held) => {
+                // Enabled here while guards live: other code disabled it meanwhile, and the last guard
+                // now owns the enablement.
+                held.disable_at_end |= enabled_here;
+                Ok(PeerAccess { from, to })
+            }
+            Err(e) => {
+                // No guard was recorded (the contexts could not be retained): undo this enable.
+                if enabled_here {
+                    // SAFETY: `from` is still current (bound above; retaining a primary context does
+                    // not change the current one); `to.as_raw()` is retained; nothing used the access.
+                    let _ = unsafe { sys::cuCtxDisablePeerAccess(to.as_raw()) };
+                }
+                Err(e)
             }
         }
-        counts.add(pair(from, to));
-        Ok(PeerAccess { from, to })
     }
 
     /// The context that accesses.
@@ -216,9 +265,10 @@ impl<'ctx> PeerAccess<'ctx> {
         self.to
     }
 
-    /// Ends the guard and reports the driver's answer, which `drop` ignores: synchronises `from`, then
-    /// `cuCtxDisablePeerAccess` if this was the last guard of the direction. Access that is already
-    /// disabled (`CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`, by other code) is not an error.
+    /// Ends the guard and reports the driver's answer, which `drop` ignores. Only the last guard of the
+    /// direction calls the driver: it synchronises `from`, then `cuCtxDisablePeerAccess` (unless other
+    /// code had enabled the access before the first guard; see the type's docs). Access that is
+    /// already disabled (`CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`, by other code) is not an error.
     ///
     /// # Errors
     /// The error of the synchronisation (work in `from` failed) or of the disable.
@@ -230,7 +280,12 @@ impl<'ctx> PeerAccess<'ctx> {
 
     fn end(&self) -> Result<()> {
         let mut counts = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
-        if !counts.remove(pair(self.from, self.to)) {
+        // Dropped (releasing the retained contexts) when this function returns, after the disable;
+        // the guard's own borrows keep both contexts alive until then in any case.
+        let Some(held) = counts.remove(pair(self.from, self.to)) else {
+            return Ok(());
+        };
+        if !held.disable_at_end {
             return Ok(());
         }
         // The disable below acts on the current context: without `from` current it must not run (the
@@ -264,45 +319,82 @@ mod tests {
     use std::collections::HashMap;
 
     proptest! {
-        /// Against a model: a direction is enabled exactly while it has guards, and `remove` reports
-        /// the last guard of a pair once.
+        /// Against a model: a direction is enabled exactly while it has guards, its hold is made by
+        /// the first guard only and handed back by the last, and a failed hold records nothing.
         #[test]
-        fn guard_counts_follow_the_model(ops in proptest::collection::vec((0usize..3, 0usize..3, any::<bool>()), 0..64)) {
-            let mut counts = GuardCounts::new();
-            let mut model: HashMap<Pair, usize> = HashMap::new();
-            for (from, to, add) in ops {
+        fn guard_counts_follow_the_model(ops in proptest::collection::vec((0i32..3, 0i32..3, 0u8..3), 0..64)) {
+            let mut counts: GuardCounts<usize> = GuardCounts::new();
+            let mut model: HashMap<Pair, (usize, usize)> = HashMap::new();
+            let mut holds_made = 0usize;
+            for (from, to, op) in ops {
                 let pair = (from, to);
-                let live = model.get(&pair).copied().unwrap_or(0);
+                let live = model.get(&pair).map_or(0, |m| m.0);
                 prop_assert_eq!(counts.is_enabled(pair), live > 0);
-                if add {
-                    counts.add(pair);
-                    *model.entry(pair).or_default() += 1;
-                } else {
-                    let last = counts.remove(pair);
-                    prop_assert_eq!(last, live == 1);
-                    if live > 0 {
-                        model.insert(pair, live - 1);
+                match op {
+                    0 => {
+                        let hold = *counts.add(pair, || -> Result<usize, ()> {
+                            holds_made += 1;
+                            Ok(holds_made)
+                        }).unwrap();
+                        let entry = model.entry(pair).or_insert((0, holds_made));
+                        entry.0 += 1;
+                        prop_assert_eq!(hold, entry.1, "one hold per run of overlapping guards");
+                    }
+                    1 => {
+                        let failed = counts.add(pair, || Err::<usize, &str>("no hold"));
+                        prop_assert_eq!(failed.is_err(), live == 0, "the hold is asked for only first");
+                        if let Ok(_hold) = failed {
+                            model.get_mut(&pair).unwrap().0 += 1;
+                        }
+                    }
+                    _ => {
+                        let last = counts.remove(pair);
+                        let expected = (live == 1).then(|| model[&pair].1);
+                        prop_assert_eq!(last, expected);
+                        if live > 0 {
+                            model.get_mut(&pair).unwrap().0 -= 1;
+                            if live == 1 {
+                                model.remove(&pair);
+                            }
+                        }
                     }
                 }
-                prop_assert_eq!(counts.is_enabled(pair), model.get(&pair).copied().unwrap_or(0) > 0);
+                prop_assert_eq!(counts.is_enabled(pair), model.get(&pair).is_some_and(|m| m.0 > 0));
             }
         }
     }
 
     #[test]
     fn overlapping_guards_disable_once() {
-        let mut counts = GuardCounts::new();
-        counts.add((1, 2));
-        counts.add((1, 2));
-        counts.add((2, 1));
-        assert!(!counts.remove((1, 2)), "a guard of 1 -> 2 is still live");
+        let mut counts: GuardCounts<&str> = GuardCounts::new();
+        counts.add((1, 2), || Ok::<_, ()>("first")).unwrap();
+        let second = counts.add((1, 2), || Ok::<_, ()>("second")).unwrap();
+        assert_eq!(
+            *second, "first",
+            "the second guard shares the first one's hold"
+        );
+        counts.add((2, 1), || Ok::<_, ()>("other")).unwrap();
+        assert_eq!(
+            counts.remove((1, 2)),
+            None,
+            "a guard of 1 -> 2 is still live"
+        );
         assert!(counts.is_enabled((1, 2)));
-        assert!(counts.remove((1, 2)), "the last guard of 1 -> 2 ended");
+        assert_eq!(
+            counts.remove((1, 2)),
+            Some("first"),
+            "the last guard of 1 -> 2 ended"
+        );
         assert!(!counts.is_enabled((1, 2)));
         assert!(
             counts.is_enabled((2, 1)),
             "the other direction is untouched"
         );
-        assert!(!counts.remove((1, 2)), "nothing to end");
+        assert_eq!(counts.remove((1, 2)), None, "nothing to end");
+        assert!(
+            counts.add((3, 4), || Err::<&str, _>("refused")).is_err(),
+            "a hold that cannot be made records no guard"
+        );
+        assert!(!counts.is_enabled((3, 4)));
     }
 }

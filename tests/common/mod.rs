@@ -8,6 +8,23 @@ use cuda_vmm::{Context, Device, DriverError};
 /// skipped. Skips only where the machine has no usable GPU (no device, no kernel driver, a stub
 /// library) or fewer than `needed`; any other driver failure fails the test.
 pub fn gpus_or_skip(test: &str, needed: usize) -> Option<Vec<(Device, Context)>> {
+    let devices = devices_or_skip(test, needed)?;
+    Some(
+        devices
+            .into_iter()
+            .map(|d| {
+                (
+                    d,
+                    Context::new(d)
+                        .unwrap_or_else(|e| panic!("{test}: retaining {d:?}'s context: {e}")),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// As [`gpus_or_skip`], without retaining any context.
+pub fn devices_or_skip(test: &str, needed: usize) -> Option<Vec<Device>> {
     match cuda_vmm::init() {
         Ok(()) => {}
         Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
@@ -22,25 +39,13 @@ pub fn gpus_or_skip(test: &str, needed: usize) -> Option<Vec<(Device, Context)>>
     }
     let devices = Device::all().unwrap_or_else(|e| panic!("{test}: listing devices: {e}"));
     if devices.len() < needed {
-        let msg = format!(
+        skip(&format!(
             "SKIPPED {test}: needs {needed} CUDA device(s), the driver reports {}",
             devices.len()
-        );
-        skip(&msg);
+        ));
         return None;
     }
-    Some(
-        devices
-            .into_iter()
-            .map(|d| {
-                (
-                    d,
-                    Context::new(d)
-                        .unwrap_or_else(|e| panic!("{test}: retaining {d:?}'s context: {e}")),
-                )
-            })
-            .collect(),
-    )
+    Some(devices)
 }
 
 /// Prints `msg` where it is seen: straight to the process's stderr, past the test harness's output
