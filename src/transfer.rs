@@ -231,13 +231,20 @@ impl Drop for PinnedHost {
 
 /// Two chunks of pinned host memory for the staged path of [`copy_between_with`], reusable across
 /// copies and devices (`CU_MEMHOSTALLOC_PORTABLE`). Freed on drop.
+///
+/// It keeps the primary context it was made in retained: pinned memory belongs to that context, and a
+/// primary context released by its last user is reset, which would unpin the memory (and let the
+/// driver hand the same addresses to someone else) while `Staging` still owned it.
 pub struct Staging {
+    /// Declared before `context`, so freed while the context is still retained.
     buffers: [PinnedHost; 2],
     chunk: usize,
+    context: Context,
 }
 
 // SAFETY: `Staging` owns its page-locked host memory outright (no other pointer to it exists outside a
-// copy, which borrows `Staging` mutably); portable pinned memory has no thread or context affinity.
+// copy, which borrows `Staging` mutably), and keeps the context it belongs to retained; portable
+// pinned memory has no thread or context affinity, and `Context` is `Send`.
 unsafe impl Send for Staging {}
 // SAFETY: `&Staging` gives access to nothing but the chunk size.
 unsafe impl Sync for Staging {}
@@ -262,12 +269,20 @@ impl Staging {
                 what: "staging chunk",
             });
         }
+        let context = Context::new(context.device())?;
         context.bind_to_thread()?;
         let buffers = [PinnedHost::new(chunk_bytes)?, PinnedHost::new(chunk_bytes)?];
         Ok(Staging {
             buffers,
             chunk: chunk_bytes,
+            context,
         })
+    }
+
+    /// The device whose primary context the memory was made in (and which `Staging` keeps retained).
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.context.device()
     }
 
     /// The size of each chunk in bytes.

@@ -1,0 +1,137 @@
+//! What outlives the last `Context` of a device: a primary context released by its last user is
+//! reset, which unpins its pinned host memory. `Staging` keeps the context it depends on retained; a
+//! guard leaves peer access that other code enabled as it found it. A process of its own, since these
+//! tests need to be the only holders of a device's primary context (`tests/forgotten_guard.rs` has
+//! the peer side of the reset).
+
+mod common;
+
+use common::{code_name as name, pattern};
+
+use core::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
+
+use cuda_vmm::{
+    Context, CopyPath, Device, DeviceBuffer, DriverError, PeerAccess, Route, Staging,
+    can_access_peer, copy_between_with,
+};
+
+// The driver's own symbols with integer results: no driver value lands in a Rust enum.
+unsafe extern "C" {
+    fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> u32;
+    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
+    fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
+    fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
+}
+
+/// The tests each need to be the only holders of the primary contexts they look at.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Whether `device`'s primary context is active (retained by someone, and not reset).
+fn primary_active(device: Device) -> bool {
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: both pointers are valid and writable; `device` is a device the driver listed.
+    let code =
+        unsafe { cuDevicePrimaryCtxGetState(device.as_raw(), &raw mut flags, &raw mut active) };
+    assert_eq!(code, 0, "cuDevicePrimaryCtxGetState: {}", name(code));
+    active != 0
+}
+
+/// A staged copy of `input` from a new buffer to another on `ctx`'s device through `staging`.
+fn staged_roundtrip(ctx: &Context, staging: &mut Staging, input: &[u32]) -> Vec<u32> {
+    let src = DeviceBuffer::from_host(ctx, input).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(ctx, input.len()).unwrap();
+    let path = copy_between_with(
+        &mut dst.as_mut_slice(),
+        &src.as_slice(),
+        Route::Staged,
+        staging,
+    )
+    .unwrap();
+    assert_eq!(path, CopyPath::Staged);
+    dst.as_slice().to_vec().unwrap()
+}
+
+#[test]
+fn staging_keeps_its_context_and_memory_alive() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(devices) = common::devices_or_skip("staging_keeps_its_context_and_memory_alive", 1)
+    else {
+        return;
+    };
+    let device = devices[0];
+
+    // The premise: the last release resets the primary context.
+    drop(Context::new(device).unwrap());
+    assert!(
+        !primary_active(device),
+        "no one else in this process holds {device:?}'s primary context"
+    );
+
+    // Made in a context that is released at once: `Staging` keeps it retained.
+    let mut early = {
+        let ctx = Context::new(device).unwrap();
+        Staging::new(&ctx, 1 << 20).unwrap()
+    };
+    assert!(primary_active(device), "Staging keeps its context");
+    assert_eq!(early.device(), device);
+
+    let ctx = Context::new(device).unwrap();
+    let mut late = Staging::new(&ctx, 1 << 20).unwrap();
+    // Three chunks and a partial one through each, interleaved: each owns its own pinned memory.
+    let (a, b) = (pattern((3 << 18) + 1000, 11), pattern((3 << 18) + 1000, 12));
+    assert_eq!(staged_roundtrip(&ctx, &mut early, &a), a);
+    assert_eq!(staged_roundtrip(&ctx, &mut late, &b), b);
+    drop(early);
+    assert_eq!(
+        staged_roundtrip(&ctx, &mut late, &a),
+        a,
+        "freeing one frees only its own"
+    );
+    drop((late, ctx));
+    assert!(
+        !primary_active(device),
+        "the last Staging released its context"
+    );
+}
+
+#[test]
+fn access_enabled_by_other_code_survives_the_last_guard() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let test = "access_enabled_by_other_code_survives_the_last_guard";
+    let Some(devices) = common::devices_or_skip(test, 2) else {
+        return;
+    };
+    let (d0, d1) = (devices[0], devices[1]);
+    let Some(link) = can_access_peer(d1, d0).unwrap() else {
+        common::skip(&format!("SKIPPED {test}: {d1:?} cannot access {d0:?}"));
+        return;
+    };
+    let (c0, c1) = (Context::new(d0).unwrap(), Context::new(d1).unwrap());
+    // SAFETY: `c1` is a retained context made current; `c0` is retained; flags 0.
+    let enabled = unsafe {
+        assert_eq!(cuCtxSetCurrent(c1.as_raw().cast()), 0);
+        cuCtxEnablePeerAccess(c0.as_raw().cast(), 0)
+    };
+    assert_eq!(enabled, 0, "other code enables 1 -> 0: {}", name(enabled));
+
+    let guard = PeerAccess::enable(&c1, &c0, link).unwrap();
+    guard.disable().unwrap();
+    // SAFETY: as above.
+    let disabled = unsafe {
+        assert_eq!(cuCtxSetCurrent(c1.as_raw().cast()), 0);
+        cuCtxDisablePeerAccess(c0.as_raw().cast())
+    };
+    println!("raw disable 1->0 after the guard ended: {}", name(disabled));
+    assert_eq!(disabled, 0, "the guard left enabled what it found enabled");
+
+    // Now enabled by a guard itself: its end disables it.
+    let guard = PeerAccess::enable(&c1, &c0, link).unwrap();
+    guard.disable().unwrap();
+    // SAFETY: as above.
+    let after = unsafe {
+        assert_eq!(cuCtxSetCurrent(c1.as_raw().cast()), 0);
+        cuCtxDisablePeerAccess(c0.as_raw().cast())
+    };
+    assert_eq!(after, DriverError::PEER_ACCESS_NOT_ENABLED.code());
+}
