@@ -208,7 +208,8 @@ impl<'a> Access<'a, ReadWrite> {
 /// its writable views come from its own [`slice_mut`](ScopedAccess::slice_mut).
 ///
 /// When it ends (drop, or [`revoke`](ScopedAccess::revoke)), every granted context is synchronised and
-/// every granted device is set back to no access. Forgetting it (`mem::forget`) leaves the access
+/// every granted device is set back to no access (device by device, where the driver refuses to do it
+/// in one call). Forgetting it (`mem::forget`) leaves the access
 /// granted until the mapping is unmapped: views cannot outlive it either way, since they borrow it.
 pub struct ScopedAccess<'a, M: AccessMode> {
     access: Access<'a, M>,
@@ -237,15 +238,17 @@ impl<'a, M: AccessMode> ScopedAccess<'a, M> {
 
     fn end(&self) -> Result<(), Error> {
         let a = &self.access;
-        // Finish all work that may touch the mapping before access goes away; revoke even if a
-        // synchronisation reports an (older, sticky) error, then report the first error.
-        let synced: Result<(), Error> = a.contexts.iter().try_for_each(|c| Ok(c.synchronize()?));
-        let revoked = crate::mapping::set_access(
-            a.ptr,
-            a.size,
-            a.contexts,
-            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-        );
+        // Finish all work that may touch the mapping before access goes away: every context, even
+        // after one reports an (older, sticky) error. Then revoke in any case, and report the first
+        // error.
+        let mut synced = Ok(());
+        for context in a.contexts.iter() {
+            let done = context.synchronize();
+            if synced.is_ok() {
+                synced = done;
+            }
+        }
+        let revoked = crate::mapping::revoke(a.ptr, a.size, a.contexts);
         synced?;
         Ok(revoked?)
     }

@@ -15,8 +15,11 @@ use crate::sys;
 /// [`VirtualReservation`], unmapped on drop.
 ///
 /// A mapping is not usable on its own: the driver faults on any access until `cuMemSetAccess` grants a
-/// device. Hence a `Mapping` exposes neither its address nor any view; [`Mapping::grant`] returns an
-/// [`Access`], and only an `Access` hands out views and the raw address.
+/// device. Hence a `Mapping` hands out neither its address nor any view (its `Debug` text shows the
+/// range, for diagnostics); [`Mapping::grant`] returns an [`Access`], and only an `Access` hands out
+/// views and the raw address. The numbers themselves are no secret: the reservation's
+/// [`base`](VirtualReservation::base) says where the range lies. An address is an inert integer that
+/// only `unsafe` code can use; the safe way in is a view, and a view needs a grant.
 ///
 /// # Lifetimes
 /// - `'va`: the mutable borrow of the reservation (through the [`Region`] the mapping was made in). The
@@ -68,12 +71,15 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// The returned [`Access`] borrows the mapping mutably, so only one grant is in use at a time and a
     /// read-only grant cannot be widened behind its views' back. Copies made through its views run in
     /// `context`. Dropping the `Access` ends the borrow; the driver keeps the permission until the
-    /// mapping is unmapped or granted again.
+    /// mapping is unmapped or its device's access is set again: by a later grant, by a refused later
+    /// grant (which sets its devices back to no access), or by the end of a
+    /// [`grant_scoped`](Mapping::grant_scoped) that names the device.
     ///
     /// # Errors
     /// The driver's error. Then no `Access` exists, so nothing can use the mapping, and every listed
-    /// device is set back to no access, so nothing is left half granted. The chapter's advice for a
-    /// failed setup is to drop the mapping and fall back.
+    /// device is set back to no access, so nothing is left half granted. Where access cannot be set
+    /// up, unmap the mapping and take another path (for a copy between devices:
+    /// [`Route::Staged`](crate::Route::Staged)).
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant<'a, M: AccessMode>(
         &'a mut self,
@@ -128,14 +134,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         if let Err(e) = set_access(self.ptr, self.size, contexts, M::FLAGS) {
             // Leave nothing half granted: whatever part of the call the driver applied is taken back,
             // device by device (a device the driver refuses outright was not granted either).
-            for context in contexts.iter() {
-                let _ = set_access(
-                    self.ptr,
-                    self.size,
-                    Contexts::One(context),
-                    sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-                );
-            }
+            let _ = revoke_each(self.ptr, self.size, contexts);
             return Err(e);
         }
         Ok(Access::new(self.ptr, self.size, contexts, mode))
@@ -190,6 +189,36 @@ pub(crate) fn set_access(
     // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
     // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
     check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
+}
+
+/// Sets every device of `contexts` back to no access to `[ptr, ptr + size)`, a whole mapped range: in
+/// one call, or device by device where the driver refuses the one call, so that one device's refusal
+/// leaves no other device granted.
+///
+/// # Errors
+/// The first device's refusal, where revoking it alone failed too.
+pub(crate) fn revoke(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
+    match set_access(ptr, size, contexts, sys::CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+        Ok(()) => Ok(()),
+        Err(_) => revoke_each(ptr, size, contexts),
+    }
+}
+
+/// [`revoke`] device by device: every device is tried; the first refusal is returned.
+fn revoke_each(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
+    let mut first = Ok(());
+    for context in contexts.iter() {
+        let done = set_access(
+            ptr,
+            size,
+            Contexts::One(context),
+            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        );
+        if first.is_ok() {
+            first = done;
+        }
+    }
+    first
 }
 
 impl Drop for Mapping<'_, '_> {
