@@ -33,7 +33,8 @@ impl VirtualReservation {
     /// `cuMemAddressReserve` — reserve `size` bytes of virtual address space at an address the driver
     /// picks, aligned to `alignment` (0 asks for the driver's default, the allocation granularity).
     ///
-    /// `size` should be a multiple of the allocation granularity: only whole allocations can be mapped.
+    /// `size` must be a multiple of the allocation granularity (the driver refuses others with
+    /// `CUDA_ERROR_INVALID_VALUE`): only whole allocations can be mapped.
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for a zero `size`; the driver's error otherwise, e.g.
@@ -61,6 +62,8 @@ impl VirtualReservation {
                 what: "reservation size",
             });
         }
+        // The one entry point that needs no `Device` first, which would have initialised the driver.
+        crate::init()?;
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: `base` is writable for the call; the other arguments are plain integers (flags must be 0).
         check(unsafe { sys::cuMemAddressReserve(&raw mut base, size, alignment, hint, 0) })?;
@@ -100,7 +103,8 @@ impl VirtualReservation {
     pub fn free(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
         // SAFETY: the range came from `cuMemAddressReserve` and is freed once: `drop` will not run. No
-        // mapping of it lives, since every mapping borrows the reservation.
+        // live mapping covers it (every mapping borrows the reservation); a forgotten one may, and then
+        // the driver refuses the free (`CUDA_ERROR_INVALID_VALUE`): a leak.
         check(unsafe { sys::cuMemAddressFree(this.base, this.size) })
     }
 }
@@ -278,9 +282,10 @@ impl<'va> Region<'va> {
         let mut mapped = 0usize;
         for m in memory {
             let at = self.start + mapped as u64;
-            // SAFETY: `[at, at + size)` lies inside this region (checked above), which no other region or
-            // mapping covers; `m.as_raw()` is a live allocation handle (borrowed for `'mem`); offset 0
-            // and flags 0 as the driver requires.
+            // SAFETY: `[at, at + size)` lies inside this region (checked above), which no other live
+            // region or mapping covers (a forgotten mapping may: the driver refuses `cuMemMap` over any
+            // mapped byte, measured in `tests/driver_facts.rs`); `m.as_raw()` is a live allocation
+            // handle (borrowed for `'mem`); offset 0 and flags 0 as the driver requires.
             let code = unsafe { sys::cuMemMap(at, m.size(), 0, m.as_raw(), 0) };
             if let Err(e) = check(code) {
                 if mapped > 0 {
