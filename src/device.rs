@@ -113,16 +113,15 @@ impl Device {
     #[doc(alias = "cuDeviceGetName")]
     pub fn name(self) -> Result<String> {
         const LEN: c_int = 256;
-        let mut buf = [0 as c_char; LEN as usize];
-        // SAFETY: `buf` is writable for `LEN` bytes; the driver writes a
-        // NUL-terminated string of at most that many bytes.
-        check(unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), LEN, self.ordinal) })?;
-        let bytes: Vec<u8> = buf
-            .iter()
-            .take_while(|&&c| c != 0)
-            .map(|&c| c.cast_unsigned())
-            .collect();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        // Bytes, whichever sign `c_char` has on the target.
+        let mut buf = [0u8; LEN as usize];
+        // SAFETY: `buf` is writable for `LEN` bytes (`c_char` and `u8` have one size and alignment);
+        // the driver writes a NUL-terminated string of at most that many bytes.
+        check(unsafe {
+            sys::cuDeviceGetName(buf.as_mut_ptr().cast::<c_char>(), LEN, self.ordinal)
+        })?;
+        let name = buf.split(|&b| b == 0).next().unwrap_or_default();
+        Ok(String::from_utf8_lossy(name).into_owned())
     }
 
     /// `cuDeviceGetAttribute` — any device attribute, by its raw `CUdevice_attribute` number.
