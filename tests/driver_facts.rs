@@ -9,7 +9,8 @@ use common::code_name as name;
 use core::ffi::c_void;
 
 use cuda_vmm::{
-    Granularity, PhysicalAllocation, ReadWrite, VirtualReservation, allocation_granularity,
+    Context, Device, DriverError, Granularity, Mapping, PhysicalAllocation, ReadWrite,
+    VirtualReservation, allocation_granularity,
 };
 
 #[repr(C)]
@@ -69,6 +70,10 @@ fn driver_refuses_what_the_types_forbid() {
         name(second_unmap)
     );
     assert_eq!(first_unmap, 0);
+    assert_eq!(
+        second_unmap, 0,
+        "the driver reports a double unmap as success, so only the types can catch it"
+    );
 
     // Mapping over a range that is already mapped (only reachable after `mem::forget(mapping)`, which
     // ends the borrows but leaves the range mapped): the driver refuses it, so forgetting only leaks.
@@ -76,8 +81,47 @@ fn driver_refuses_what_the_types_forbid() {
     // not, the test fails before anything uses the range.
     let overmap = unsafe { cuMemMap(ptr, g, 0, memory.as_raw(), 0) };
     println!("cuMemMap over a mapped range: {}", name(overmap));
-    assert_ne!(overmap, 0, "the driver mapped over a mapped range");
+    assert_eq!(
+        overmap,
+        DriverError::INVALID_VALUE.code(),
+        "the driver refuses to map over a mapped range"
+    );
+    // Also where the new range only partly overlaps a mapped one: a two-granule allocation over the
+    // whole reservation, whose first half is mapped and second half free.
+    let big = PhysicalAllocation::new(device, 2 * g).unwrap();
+    // SAFETY: `[ptr, ptr + 2g)` is the whole reservation; the driver is expected to refuse, and if it
+    // did not, the test fails before anything uses the range.
+    let partly = unsafe { cuMemMap(ptr, 2 * g, 0, big.as_raw(), 0) };
+    println!("cuMemMap partly over a mapped range: {}", name(partly));
+    assert_eq!(partly, DriverError::INVALID_VALUE.code());
+    drop(big);
 
+    revocation_facts(device, &ctx, &mut granted, ptr);
+
+    // Reading a mapping no device may access: the driver refuses it. The types make this unwritable
+    // (ui-tests/access/view_before_grant, pointer_before_grant).
+    let ungranted = second_half.map(&memory).unwrap();
+    let mut host = vec![0u8; 64];
+    // SAFETY: `host` is writable for 64 bytes; the source is mapped (never granted), so the driver
+    // either refuses the copy or fails it; it cannot write elsewhere.
+    let read = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), second, host.len()) };
+    println!("copy from an ungranted mapping: {}", name(read));
+    assert_eq!(
+        read,
+        DriverError::INVALID_VALUE.code(),
+        "the driver refuses to read an ungranted mapping"
+    );
+    println!(
+        "context afterwards: {:?}",
+        ctx.synchronize().map_err(|e| e.to_string())
+    );
+    drop(ungranted);
+    drop(granted);
+}
+
+/// What taking a grant back does: `PROT_NONE` is accepted, a scoped grant closes the mapping when it
+/// ends, and a grant naming one device twice opens it or leaves it closed, never half open.
+fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>, ptr: u64) {
     // Revoking a grant with PROT_NONE (what a scoped grant would do when it ends).
     let none = MemAccessDesc {
         location: MemLocation {
@@ -86,16 +130,17 @@ fn driver_refuses_what_the_types_forbid() {
         },
         flags: 0,
     };
-    // SAFETY: `[ptr, ptr + g)` is exactly `granted`'s mapped range; `none` is a valid descriptor.
-    let revoke = unsafe { cuMemSetAccess(ptr, g, &raw const none, 1) };
+    // SAFETY: `[ptr, ptr + size)` is exactly `granted`'s mapped range; `none` is a valid descriptor.
+    let revoke = unsafe { cuMemSetAccess(ptr, granted.size(), &raw const none, 1) };
     println!(
         "cuMemSetAccess(PROT_NONE) for the owning device: {}",
         name(revoke)
     );
+    assert_eq!(revoke, 0, "PROT_NONE is how a grant is taken back");
 
     // A scoped grant closes the mapping again when it ends.
     {
-        let contexts = [&ctx];
+        let contexts = [ctx];
         let scoped = granted.grant_scoped(&contexts, ReadWrite).unwrap();
         let mut host = vec![0u8; 64];
         scoped
@@ -118,12 +163,23 @@ fn driver_refuses_what_the_types_forbid() {
     // A grant naming one device twice: whatever the driver answers, a refused grant leaves the mapping
     // closed (the crate takes back any part the driver applied).
     {
-        let contexts = [&ctx, &ctx];
+        let contexts = [ctx, ctx];
         match granted.grant_all(&contexts, ReadWrite) {
-            Ok(access) => println!(
-                "grant naming one device twice: accepted ({} device entries)",
-                access.devices().len()
-            ),
+            Ok(access) => {
+                println!(
+                    "grant naming one device twice: accepted ({} device entries)",
+                    access.devices().len()
+                );
+                let mut host = vec![0u8; 64];
+                access
+                    .slice::<u8>()
+                    .unwrap()
+                    .slice(..64)
+                    .unwrap()
+                    .copy_to_host(&mut host)
+                    .unwrap();
+                assert_eq!(host, vec![7; 64], "the accepted grant opens the mapping");
+            }
             Err(e) => {
                 println!("grant naming one device twice: {e}");
                 let mut host = vec![0u8; 64];
@@ -133,20 +189,4 @@ fn driver_refuses_what_the_types_forbid() {
             }
         }
     }
-
-    // Reading a mapping no device may access: the driver refuses it. The types make this unwritable
-    // (ui-tests/access/view_before_grant, pointer_before_grant).
-    let ungranted = second_half.map(&memory).unwrap();
-    let mut host = vec![0u8; 64];
-    // SAFETY: `host` is writable for 64 bytes; the source is mapped (never granted), so the driver
-    // either refuses the copy or fails it; it cannot write elsewhere.
-    let read = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), second, host.len()) };
-    println!("copy from an ungranted mapping: {}", name(read));
-    assert_ne!(read, 0, "the driver let an ungranted mapping be read");
-    println!(
-        "context afterwards: {:?}",
-        ctx.synchronize().map_err(|e| e.to_string())
-    );
-    drop(ungranted);
-    drop(granted);
 }

@@ -5,10 +5,19 @@
 
 mod common;
 
+use core::ffi::c_void;
+
 use cuda_vmm::{
     Context, Device, DeviceBuffer, DriverError, Error, Granularity, PeerAccess, PhysicalAllocation,
     ReadOnly, ReadWrite, VirtualReservation, align_size, allocation_granularity, can_access_peer,
 };
+
+// The driver's own symbols with integer results, for what the safe API cannot (and must not) do.
+unsafe extern "C" {
+    fn cuMemUnmap(ptr: u64, size: usize) -> u32;
+    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
+    fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
+}
 
 fn lifecycle(ctx: &Context, g: usize, round: u32) -> Result<(), Error> {
     let device = ctx.device();
@@ -76,6 +85,21 @@ fn failures(ctx: &Context, g: usize) {
         Err(Error::LengthMismatch { .. })
     ));
     view.copy_from_host(&vec![9; g]).unwrap();
+    drop(mapping);
+
+    // A `map_all` refused halfway: the first allocation maps, the second meets a range that a
+    // forgotten mapping still covers (the driver refuses), and the first is unmapped again.
+    let mut halves = VirtualReservation::new(2 * g, 0).unwrap();
+    let back = halves.base() + g as u64;
+    let (_, mut second_half) = halves.region().split_at(g).unwrap();
+    core::mem::forget(second_half.map(&memory).unwrap());
+    let e = halves.region().map_all(&[&memory, &memory]).unwrap_err();
+    assert_eq!(e.driver(), Some(DriverError::INVALID_VALUE), "{e}");
+    // The first half was given back: it maps again (the driver would refuse a mapped range).
+    let (mut first_half, _) = halves.region().split_at(g).unwrap();
+    first_half.map(&memory).unwrap().unmap().unwrap();
+    // SAFETY: `[back, back + g)` is the forgotten mapping, unmapped once here; nothing uses it.
+    assert_eq!(unsafe { cuMemUnmap(back, g) }, 0);
 }
 
 /// The tests of this file measure free memory; they must not run at the same time.
@@ -158,6 +182,18 @@ fn peer_guards_leak_nothing() {
                 second.disable().unwrap();
                 cycles += 1;
             }
+            // The last guard really disabled the direction: the driver finds nothing to disable.
+            // SAFETY: `from` and `to` are retained contexts; `from` is made current.
+            let code = unsafe {
+                assert_eq!(cuCtxSetCurrent(from.as_raw().cast()), 0);
+                cuCtxDisablePeerAccess(to.as_raw().cast())
+            };
+            assert_eq!(
+                code,
+                DriverError::PEER_ACCESS_NOT_ENABLED.code(),
+                "{i} -> {j}: {}",
+                common::code_name(code)
+            );
         }
     }
     if cycles == 0 {

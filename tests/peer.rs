@@ -116,28 +116,45 @@ fn peer_queries_on_one_device_change_nothing() {
     assert!(attributes.is_err());
 }
 
-/// Every ordered pair of distinct devices with its peer link, where the driver reports one.
-fn linked_pairs(gpus: &[(cuda_vmm::Device, Context)]) -> Vec<(usize, usize, cuda_vmm::PeerLink)> {
+/// Every ordered pair of distinct devices with its peer link, where the driver reports one; the pairs
+/// without one are reported visibly, and where no pair has one, `None` after printing that `test` is
+/// skipped.
+fn linked_pairs(
+    test: &str,
+    gpus: &[(cuda_vmm::Device, Context)],
+) -> Option<Vec<(usize, usize, cuda_vmm::PeerLink)>> {
     let mut pairs = Vec::new();
     for (i, (a, _)) in gpus.iter().enumerate() {
         for (j, (b, _)) in gpus.iter().enumerate() {
             if i != j {
                 match can_access_peer(*a, *b).unwrap() {
                     Some(link) => pairs.push((i, j, link)),
-                    None => println!("{a:?} cannot access {b:?}: its peer tests fall back"),
+                    None => {
+                        common::skip(&format!("SKIPPED {test} for {a:?} -> {b:?}: no peer link"));
+                    }
                 }
             }
         }
     }
-    pairs
+    if pairs.is_empty() {
+        common::skip(&format!(
+            "SKIPPED {test}: no pair of devices has a peer link"
+        ));
+        return None;
+    }
+    Some(pairs)
 }
 
 #[test]
 fn peer_guard_gates_buffer_access_in_every_direction() {
-    let Some(gpus) = gpus_or_skip("peer_guard_gates_buffer_access_in_every_direction", 2) else {
+    let test = "peer_guard_gates_buffer_access_in_every_direction";
+    let Some(gpus) = gpus_or_skip(test, 2) else {
         return;
     };
-    for (i, j, link) in linked_pairs(&gpus) {
+    let Some(pairs) = linked_pairs(test, &gpus) else {
+        return;
+    };
+    for (i, j, link) in pairs {
         let ((_, from), (_, to)) = (&gpus[i], &gpus[j]);
         let attributes = p2p_attributes(link.from(), link.to()).unwrap();
         println!("{:?} -> {:?}: {attributes:?}", link.from(), link.to());
@@ -166,18 +183,30 @@ fn peer_guard_gates_buffer_access_in_every_direction() {
             "kernel on {i} reading {j}'s memory"
         );
 
-        // A guard of the other direction does not open this buffer.
-        let reverse = PeerAccess::enable(
-            to,
-            from,
-            can_access_peer(link.to(), link.from()).unwrap().unwrap(),
-        );
-        if let Ok(reverse) = reverse {
-            assert!(matches!(
-                remote.peer_slice(&reverse),
-                Err(Error::DeviceMismatch { .. })
-            ));
-            reverse.disable().unwrap();
+        // The link is one direction: it does not enable the other one.
+        assert!(matches!(
+            PeerAccess::enable(to, from, link),
+            Err(Error::DeviceMismatch { .. })
+        ));
+        // A guard of the other direction does not open this buffer, for reading or writing.
+        match can_access_peer(link.to(), link.from()).unwrap() {
+            Some(back) => {
+                let reverse = PeerAccess::enable(to, from, back).unwrap();
+                assert!(matches!(
+                    remote.peer_slice(&reverse),
+                    Err(Error::DeviceMismatch { .. })
+                ));
+                let mut writable = DeviceBuffer::<u32>::zeroed(to, 4).unwrap();
+                assert!(matches!(
+                    writable.peer_slice_mut(&reverse),
+                    Err(Error::DeviceMismatch { .. })
+                ));
+                assert!(writable.peer_slice_mut(&guard).is_ok());
+                reverse.disable().unwrap();
+            }
+            None => common::skip(&format!(
+                "SKIPPED {test} reverse-guard check for {j} -> {i}: no peer link that way"
+            )),
         }
         guard.disable().unwrap();
     }
@@ -185,11 +214,14 @@ fn peer_guard_gates_buffer_access_in_every_direction() {
 
 #[test]
 fn overlapping_guards_and_already_enabled_are_not_errors() {
-    let Some(gpus) = gpus_or_skip("overlapping_guards_and_already_enabled_are_not_errors", 2)
-    else {
+    let test = "overlapping_guards_and_already_enabled_are_not_errors";
+    let Some(gpus) = gpus_or_skip(test, 2) else {
         return;
     };
-    for (i, j, link) in linked_pairs(&gpus) {
+    let Some(pairs) = linked_pairs(test, &gpus) else {
+        return;
+    };
+    for (i, j, link) in pairs {
         let ((_, from), (_, to)) = (&gpus[i], &gpus[j]);
         let input = pattern(4096, 77);
         let remote = DeviceBuffer::from_host(to, &input).unwrap();
@@ -261,9 +293,11 @@ fn forced_staged_copy_equals_direct_copy_across_devices() {
 
 #[test]
 fn one_reservation_is_one_address_on_every_device() {
-    let Some(gpus) = gpus_or_skip("one_reservation_is_one_address_on_every_device", 2) else {
+    let test = "one_reservation_is_one_address_on_every_device";
+    let Some(gpus) = gpus_or_skip(test, 2) else {
         return;
     };
+    let mut shared = 0;
     for (home, (home_device, _)) in gpus.iter().enumerate() {
         // The memory's own device, and every device the driver says can reach it.
         let reaching: Vec<&(cuda_vmm::Device, Context)> = gpus
@@ -273,9 +307,12 @@ fn one_reservation_is_one_address_on_every_device() {
             })
             .collect();
         if reaching.len() < 2 {
-            println!("no device can reach {home_device:?}'s memory: nothing to share");
+            common::skip(&format!(
+                "SKIPPED {test} for {home_device:?}: no other device can reach its memory"
+            ));
             continue;
         }
+        shared += 1;
         let contexts: Vec<&Context> = reaching.iter().map(|(_, c)| c).collect();
         let g = allocation_granularity(*home_device, Granularity::Minimum).unwrap();
         let memory = PhysicalAllocation::new(*home_device, g).unwrap();
@@ -312,6 +349,11 @@ fn one_reservation_is_one_address_on_every_device() {
                 "kernel on {device:?}"
             );
         }
+    }
+    if shared == 0 {
+        common::skip(&format!(
+            "SKIPPED {test}: no device's memory is reachable from another"
+        ));
     }
 }
 
