@@ -2,7 +2,7 @@
 //! allocate physical memory, reserve a virtual range, map one into the other, grant the device
 //! read-write access, copy a byte pattern in and out and compare, then tear down explicitly.
 //!
-//! Each step is a type: a `Mapping` has no address until `grant` returns an `Access`, views borrow the
+//! Each step is a type: a `Mapping` hands out no address until `grant` returns an `Access`, views borrow the
 //! `Access`, and teardown compiles only in the driver's order (unmap, then free the reservation, then
 //! release the memory). The explicit `unmap`, `free` and `release` report the driver's answer, which
 //! the `Drop` implementations would ignore.
@@ -74,7 +74,7 @@ fn roundtrip(device: Device) -> ExampleResult<bool> {
     // freed, released or moved while it lives.
     let mut mapping = reservation.region().map(&physical)?;
     println!(
-        "  4. Region::map (cuMemMap): {} B mapped; not usable yet: a Mapping has no address or view",
+        "  4. Region::map (cuMemMap): {} B mapped; not usable yet: a Mapping hands out no address or view",
         mapping.size()
     );
 

@@ -38,7 +38,8 @@
 //! # Ok(())
 //! # }
 //! // Dropped in reverse order: view, access, mapping (cuMemUnmap), region, reservation
-//! // (cuMemAddressFree), memory (cuMemRelease). Any other order does not compile.
+//! // (cuMemAddressFree), memory (cuMemRelease). The orders that matter are enforced: dropping the
+//! // memory or the reservation before the mapping, or the access before its views, does not compile.
 //! ```
 //!
 //! # Safety model
@@ -51,7 +52,7 @@
 //! | a reservation is not dropped or freed while mapped | `cuMemAddressFree` fails, the range leaks | `vmm/reservation_dropped_while_mapped`, `vmm/reservation_freed_while_mapped`, `vmm/mapping_escapes_reservation_scope` |
 //! | mappings of one reservation never overlap | `cuMemMap` over a mapped range | `vmm/region_taken_twice`, `vmm/region_used_after_split` |
 //! | a mapping is unmapped once, and not used after | double unmap, which the driver does not catch | `vmm/mapping_unmapped_twice`, `vmm/mapping_used_after_unmap` |
-//! | no view or address before access is granted | use of an inaccessible mapping | `access/view_before_grant`, `access/pointer_before_grant` |
+//! | no view, and no address from a mapping, before access is granted | use of an inaccessible mapping | `access/view_before_grant`, `access/pointer_before_grant` |
 //! | a read-only grant gives no write path | write to a read-only mapping | `access/write_through_read_only`, `view/read_only_slice_written` |
 //! | one grant of a mapping in use at a time | a read-only grant widened under its views | `access/second_grant_while_access_lives` |
 //! | a view does not outlive its mapping, grant or buffer | use after unmap or free | `view/view_outlives_mapping`, `view/view_outlives_access`, `view/view_outlives_buffer` |

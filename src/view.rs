@@ -30,8 +30,11 @@ pub struct DeviceSlice<'a, T> {
 
 /// A writable view of `len` values of `T` in device memory, reachable from the device of its context.
 ///
-/// Exclusive, like `&mut [T]`: made only from a [`ReadWrite`](crate::ReadWrite) grant or a
-/// [`DeviceBuffer`](crate::DeviceBuffer) borrowed mutably.
+/// Exclusive over its virtual range, like `&mut [T]`: made only from a
+/// [`ReadWrite`](crate::ReadWrite) grant or a [`DeviceBuffer`](crate::DeviceBuffer) borrowed mutably.
+/// One physical allocation mapped twice (an alias) is reached through two ranges, so two such views
+/// can reach the same bytes; device bytes are never Rust memory and every `T` is plain data, so that
+/// is a data race on the device, not undefined behaviour in Rust (see the README on aliases).
 ///
 /// # Lifetimes
 /// `'a` is the exclusive borrow of the memory's owner and the borrow of the context copies run in.
@@ -317,7 +320,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
             return Ok(());
         }
         self.context.bind_to_thread()?;
-        // SAFETY: `src` is readable for `size_of_val(src)` bytes; the destination is exclusive, writable
+        // SAFETY: `src` is readable for `size_of_val(src)` bytes; the destination is this view's writable
         // device memory reachable from the current context (the view's invariant). `wait_for_copy` makes
         // the copy finished before `src` or the view can go away.
         check(unsafe {
