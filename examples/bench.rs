@@ -148,7 +148,7 @@ impl Pinned {
         let mut ptr = core::ptr::null_mut();
         // SAFETY: `ptr` is writable; flags 1 = portable; a context is current (bound just above).
         ok(unsafe { raw::cuMemHostAlloc(&raw mut ptr, len, 1) })?;
-        // SAFETY: `len` writable bytes were just allocated; zero them so they are initialised.
+        // SAFETY: `len` writable bytes were just allocated; fill them so they are initialised.
         unsafe { core::ptr::write_bytes(ptr.cast::<u8>(), 0x5a, len) };
         Ok(Pinned { ptr, len })
     }
@@ -365,6 +365,34 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
         safe,
         raw_t,
         "safe/raw >= 0.99",
+    ));
+
+    // The destination's kind, raw against raw: the same pinned source copied into the VMM mapping
+    // and into an ordinary `cuMemAlloc` buffer, so the host-link figures of different rows compare.
+    let mut plain = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let plain_ptr = plain.as_mut_slice().as_raw_ptr();
+    let (vmm_t, plain_t) = race(
+        reps,
+        // SAFETY: as above.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        },
+        // SAFETY: `plain_ptr` is `bytes` of `cuMemAlloc` memory owned by `plain`, which outlives
+        // this closure; waited for below.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyHtoD_v2(plain_ptr, host_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        },
+    )?;
+    rows.push(Row::gbs(
+        "host -> device raw, VMM vs cuMemAlloc dst (GB/s)",
+        bytes,
+        vmm_t,
+        plain_t,
+        "report",
     ));
 
     let (safe, raw_t) = race(
