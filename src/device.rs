@@ -3,22 +3,32 @@
 use core::ffi::{c_char, c_int};
 use core::fmt;
 use core::ptr;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{DriverError, Result, check};
 use crate::sys;
 
 /// `cuInit` — initialise the driver API for this process.
 ///
-/// Idempotent and cheap after the first call. Every function of this crate that needs an initialised
-/// driver calls it, so calling it yourself is only needed to learn early whether a driver is usable.
+/// Idempotent: once it has succeeded, later calls return at once without calling the driver. Every
+/// function of this crate that needs an initialised driver calls it, so calling it yourself is only
+/// needed to learn early whether a driver is usable.
 ///
 /// # Errors
 /// [`DriverError::NO_DEVICE`] where the driver library is installed but no GPU (or no kernel driver) is
 /// present; [`DriverError::STUB_LIBRARY`] where a toolkit stub was loaded instead of a driver.
 #[doc(alias = "cuInit")]
 pub fn init() -> Result<()> {
+    // Success is final for the process (the driver cannot be uninitialised), so it is remembered; a
+    // failure is not, and the next call asks again.
+    static INITIALISED: AtomicBool = AtomicBool::new(false);
+    if INITIALISED.load(Ordering::Acquire) {
+        return Ok(());
+    }
     // SAFETY: `cuInit` takes only a flags word (which must be 0) and has no pointer arguments.
-    check(unsafe { sys::cuInit(0) })
+    check(unsafe { sys::cuInit(0) })?;
+    INITIALISED.store(true, Ordering::Release);
+    Ok(())
 }
 
 /// `cuDriverGetVersion` — the CUDA version the installed driver supports, as `1000 * major + 10 * minor`
