@@ -112,9 +112,21 @@ fn median(mut samples: Vec<f64>) -> f64 {
 /// each.
 fn race(
     reps: usize,
+    safe: impl FnMut() -> BenchResult<()>,
+    raw: impl FnMut() -> BenchResult<()>,
+) -> BenchResult<(f64, f64)> {
+    let (s, r, _) = race_paired(reps, safe, raw)?;
+    Ok((s, r))
+}
+
+/// As [`race`], also returning the median of the per-repetition ratios `safe / raw`: each pair ran
+/// back to back, so drift over the run (which moves both medians, and by different amounts where
+/// the distribution changes shape) cancels within a pair.
+fn race_paired(
+    reps: usize,
     mut safe: impl FnMut() -> BenchResult<()>,
     mut raw: impl FnMut() -> BenchResult<()>,
-) -> BenchResult<(f64, f64)> {
+) -> BenchResult<(f64, f64, f64)> {
     safe()?;
     raw()?;
     let (mut s, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
@@ -133,7 +145,8 @@ fn race(
             time(&mut safe, &mut s)?;
         }
     }
-    Ok((median(s), median(r)))
+    let ratios = s.iter().zip(&r).map(|(a, b)| a / b).collect();
+    Ok((median(s), median(r), median(ratios)))
 }
 
 /// Page-locked host memory, so that copies run at the link's speed.
@@ -170,6 +183,8 @@ struct Row {
     unit: &'static str,
     safe: f64,
     raw: f64,
+    /// The median of the per-repetition ratios, where measured ([`race_paired`]).
+    paired: Option<f64>,
     goal: &'static str,
 }
 
@@ -182,6 +197,7 @@ impl Row {
             unit: "GB/s",
             safe: rate(safe),
             raw: rate(raw),
+            paired: None,
             goal,
         }
     }
@@ -220,14 +236,14 @@ fn run() -> BenchResult<()> {
     let g = allocation_granularity(device, Granularity::Minimum)?;
     let mut rows = Vec::new();
 
-    for (label, size, reps) in [("2 MiB", 2usize << 20, 400), ("1 GiB", 1usize << 30, 100)] {
-        let (safe, raw_t) = race(
+    for (label, size, reps) in [("2 MiB", 2usize << 20, 2000), ("1 GiB", 1usize << 30, 300)] {
+        let (safe, raw_t, paired) = race_paired(
             reps,
             || lifecycle_safe(ctx, size),
             || lifecycle_raw(ctx, size),
         )?;
         // The same raw calls against themselves: the bias and noise of this measurement.
-        let (a, b) = race(
+        let (a, b, calibration) = race_paired(
             reps,
             || lifecycle_raw(ctx, size),
             || lifecycle_raw(ctx, size),
@@ -237,6 +253,7 @@ fn run() -> BenchResult<()> {
             unit: "us",
             safe: a * 1e6,
             raw: b * 1e6,
+            paired: Some(calibration),
             goal: "calibration: ~1",
         });
         rows.push(Row {
@@ -244,6 +261,7 @@ fn run() -> BenchResult<()> {
             unit: "us",
             safe: safe * 1e6,
             raw: raw_t * 1e6,
+            paired: Some(paired),
             goal: "safe/raw <= 1.01",
         });
     }
@@ -254,8 +272,8 @@ fn run() -> BenchResult<()> {
     fallback(&contexts, bytes, &mut rows)?;
 
     println!(
-        "\n{:<44} {:>12} {:>12} {:>8}  goal",
-        "figure", "safe", "raw", "ratio"
+        "\n{:<52} {:>12} {:>12} {:>8} {:>8}  goal",
+        "figure", "safe", "raw", "ratio", "paired"
     );
     let mut json = String::from("{\n  \"device\": ");
     write!(
@@ -266,14 +284,20 @@ fn run() -> BenchResult<()> {
     )?;
     for (i, r) in rows.iter().enumerate() {
         let ratio = r.safe / r.raw;
+        let paired = r
+            .paired
+            .map_or_else(|| "-".to_owned(), |p| format!("{p:.4}"));
         println!(
-            "{:<44} {:>12.3} {:>12.3} {:>8.4}  {}",
-            r.name, r.safe, r.raw, ratio, r.goal
+            "{:<52} {:>12.3} {:>12.3} {:>8.4} {:>8}  {}",
+            r.name, r.safe, r.raw, ratio, paired, r.goal
         );
         let comma = if i + 1 < rows.len() { "," } else { "" };
+        let paired = r
+            .paired
+            .map_or_else(|| "null".to_owned(), |p| format!("{p:.5}"));
         writeln!(
             json,
-            "    {{\"figure\": {:?}, \"unit\": {:?}, \"safe\": {:.4}, \"raw\": {:.4}, \"ratio\": {:.5}, \"goal\": {:?}}}{comma}",
+            "    {{\"figure\": {:?}, \"unit\": {:?}, \"safe\": {:.4}, \"raw\": {:.4}, \"ratio\": {:.5}, \"paired_ratio\": {paired}, \"goal\": {:?}}}{comma}",
             r.name, r.unit, r.safe, r.raw, ratio, r.goal
         )?;
     }
@@ -343,6 +367,18 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
     let host_ptr = host.ptr;
     let reps = 30;
 
+    // Untimed copies both ways first: the host link (and the GPU's clocks) leave their idle state
+    // only under load, and the first row would otherwise measure that ramp rather than the copy.
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < 1.0 {
+        src.slice::<u8>()?
+            .slice(..bytes)?
+            .copy_to_host(host.bytes())?;
+        dst.slice_mut::<u8>()?
+            .slice_mut(..bytes)?
+            .copy_from_host(host.bytes())?;
+    }
+
     let (safe, raw_t) = race(
         reps,
         || {
@@ -367,33 +403,9 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
         "safe/raw >= 0.99",
     ));
 
-    // The destination's kind, raw against raw: the same pinned source copied into the VMM mapping
-    // and into an ordinary `cuMemAlloc` buffer, so the host-link figures of different rows compare.
-    let mut plain = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
-    let plain_ptr = plain.as_mut_slice().as_raw_ptr();
-    let (vmm_t, plain_t) = race(
-        reps,
-        // SAFETY: as above.
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
-            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, bytes))?;
-            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
-        },
-        // SAFETY: `plain_ptr` is `bytes` of `cuMemAlloc` memory owned by `plain`, which outlives
-        // this closure; waited for below.
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
-            ok(raw::cuMemcpyHtoD_v2(plain_ptr, host_ptr, bytes))?;
-            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
-        },
-    )?;
-    rows.push(Row::gbs(
-        "host -> device raw, VMM vs cuMemAlloc dst (GB/s)",
-        bytes,
-        vmm_t,
-        plain_t,
-        "report",
-    ));
+    // SAFETY: `dst_ptr` is `dst`'s granted range of at least `bytes`, `host_ptr` is `host`'s `bytes`
+    // of pinned memory; both live until the end of this function, and nothing else uses them meanwhile.
+    unsafe { destination_kind(ctx, dst_ptr, host_ptr, bytes, reps, rows) }?;
 
     let (safe, raw_t) = race(
         reps,
@@ -442,6 +454,49 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
     Ok(())
 }
 
+/// The destination's kind, raw against raw: the same pinned source copied into the VMM mapping at
+/// `dst_ptr` and into an ordinary `cuMemAlloc` buffer, so the host-link figures of different rows
+/// compare.
+///
+/// # Safety
+/// `dst_ptr` must be `bytes` of device memory granted to `ctx`'s device and `host_ptr` `bytes` of
+/// pinned host memory, both alive and otherwise unused until this returns.
+unsafe fn destination_kind(
+    ctx: &Context,
+    dst_ptr: u64,
+    host_ptr: *mut c_void,
+    bytes: usize,
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    let mut plain = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let plain_ptr = plain.as_mut_slice().as_raw_ptr();
+    let (vmm_t, plain_t) = race(
+        reps,
+        // SAFETY: the caller's guarantee for `dst_ptr` and `host_ptr`; waited for below.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        },
+        // SAFETY: `plain_ptr` is `bytes` of `cuMemAlloc` memory owned by `plain`, which outlives
+        // this closure; `host_ptr` as above; waited for below.
+        || unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyHtoD_v2(plain_ptr, host_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        },
+    )?;
+    rows.push(Row::gbs(
+        "host -> device raw, VMM vs cuMemAlloc dst (GB/s)",
+        bytes,
+        vmm_t,
+        plain_t,
+        "report",
+    ));
+    Ok(())
+}
+
 fn churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     let chunks = 64;
     let memory: Vec<PhysicalAllocation> = (0..chunks)
@@ -456,7 +511,7 @@ fn churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
         },
         flags: 3,
     };
-    let (safe, raw_t) = race(
+    let (safe, raw_t, paired) = race_paired(
         50,
         || {
             let mut region = reservation.region();
@@ -492,6 +547,8 @@ fn churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
         unit: "ops/s",
         safe: per_s(safe),
         raw: per_s(raw_t),
+        // A rate: the reciprocal of the median time ratio.
+        paired: Some(1.0 / paired),
         goal: "safe/raw >= 0.99",
     });
     Ok(())
