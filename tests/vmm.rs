@@ -102,7 +102,18 @@ fn explicit_teardown_reports_success_and_returns_the_region() {
         let mut view = access.slice_mut::<u8>().unwrap();
         view.copy_from_host(&vec![2u8; size]).unwrap();
         assert_eq!(view.to_vec().unwrap(), vec![2u8; size]);
-        mapping.unmap().unwrap();
+        // `a` kept its bytes: the 2s went into `b`, which is what the region held.
+        let mut region = mapping.unmap().unwrap();
+        let mut again = region.map(&a).unwrap();
+        let first = again
+            .grant(&ctx, ReadOnly)
+            .unwrap()
+            .slice::<u8>()
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(first, vec![1u8; size], "a's memory is untouched");
+        again.unmap().unwrap();
     }
     reservation.free().unwrap();
     a.release().unwrap();
@@ -349,6 +360,10 @@ fn driver_errors_have_names() {
     let e = PhysicalAllocation::new(device, huge).unwrap_err();
     println!("2^50-byte allocation: {e}");
     assert_eq!(e.driver(), Some(DriverError::OUT_OF_MEMORY));
+    assert!(
+        e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY (2)"),
+        "the error names itself: {e}"
+    );
     let e = DeviceBuffer::<u8>::zeroed(&ctx, 1 << 50).unwrap_err();
     assert_eq!(e.driver(), Some(DriverError::OUT_OF_MEMORY));
 
@@ -357,6 +372,13 @@ fn driver_errors_have_names() {
     let e = cuda_vmm::Device::get(count).unwrap_err();
     println!("device {count}: {e}");
     assert_eq!(e, DriverError::INVALID_DEVICE);
+    assert_eq!(
+        (e.name(), e.description()),
+        (
+            Some("CUDA_ERROR_INVALID_DEVICE"),
+            Some("invalid device ordinal")
+        )
+    );
     assert_eq!(
         cuda_vmm::Device::get(usize::MAX).unwrap_err(),
         DriverError::INVALID_DEVICE
