@@ -388,12 +388,8 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
                 .copy_from_host(host.bytes())?)
         },
         // SAFETY: `dst_ptr` is `bytes` of granted memory; `host_ptr` is `bytes` of pinned memory;
-        // waited for below.
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
-            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, bytes))?;
-            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
-        },
+        // both outlive the race, and the safe closure runs only between raw ones.
+        || unsafe { raw_htod(ctx, dst_ptr, host_ptr, bytes) },
     )?;
     rows.push(Row::gbs(
         "host -> device, pinned (GB/s)",
@@ -454,6 +450,20 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
     Ok(())
 }
 
+/// The raw host-to-device copy the safe `copy_from_host` makes: `cuMemcpyHtoD` in `ctx`, then a wait.
+///
+/// # Safety
+/// `dst` must be `bytes` of device memory reachable from `ctx`'s device and `host` `bytes` of
+/// readable host memory, both alive and otherwise unused until this returns.
+unsafe fn raw_htod(ctx: &Context, dst: u64, host: *mut c_void, bytes: usize) -> BenchResult<()> {
+    // SAFETY: `ctx` is a retained context.
+    ok(unsafe { raw::cuCtxSetCurrent(ctx.as_raw().cast()) })?;
+    // SAFETY: the caller's guarantee; the copy is waited for just below, before anything is freed.
+    ok(unsafe { raw::cuMemcpyHtoD_v2(dst, host, bytes) })?;
+    // SAFETY: no arguments but the legacy stream of the current context.
+    ok(unsafe { raw::cuStreamSynchronize(core::ptr::null_mut()) })
+}
+
 /// The destination's kind, raw against raw: the same pinned source copied into the VMM mapping at
 /// `dst_ptr` and into an ordinary `cuMemAlloc` buffer, so the host-link figures of different rows
 /// compare.
@@ -473,19 +483,11 @@ unsafe fn destination_kind(
     let plain_ptr = plain.as_mut_slice().as_raw_ptr();
     let (vmm_t, plain_t) = race(
         reps,
-        // SAFETY: the caller's guarantee for `dst_ptr` and `host_ptr`; waited for below.
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
-            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, bytes))?;
-            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
-        },
+        // SAFETY: the caller's guarantee for `dst_ptr` and `host_ptr`.
+        || unsafe { raw_htod(ctx, dst_ptr, host_ptr, bytes) },
         // SAFETY: `plain_ptr` is `bytes` of `cuMemAlloc` memory owned by `plain`, which outlives
-        // this closure; `host_ptr` as above; waited for below.
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
-            ok(raw::cuMemcpyHtoD_v2(plain_ptr, host_ptr, bytes))?;
-            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
-        },
+        // the race; `host_ptr` as above.
+        || unsafe { raw_htod(ctx, plain_ptr, host_ptr, bytes) },
     )?;
     rows.push(Row::gbs(
         "host -> device raw, VMM vs cuMemAlloc dst (GB/s)",

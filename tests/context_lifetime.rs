@@ -6,19 +6,18 @@
 
 mod common;
 
-use common::{code_name as name, pattern};
+use common::{code_name as name, pattern, primary_active};
 
 use core::ffi::c_void;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_vmm::{
-    Context, CopyPath, Device, DeviceBuffer, DriverError, PeerAccess, Route, Staging,
-    can_access_peer, copy_between_with,
+    Context, CopyPath, DeviceBuffer, DriverError, PeerAccess, Route, Staging, can_access_peer,
+    copy_between_with,
 };
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.
 unsafe extern "C" {
-    fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> u32;
     fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
     fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
     fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
@@ -26,16 +25,6 @@ unsafe extern "C" {
 
 /// The tests each need to be the only holders of the primary contexts they look at.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Whether `device`'s primary context is active (retained by someone, and not reset).
-fn primary_active(device: Device) -> bool {
-    let (mut flags, mut active) = (0u32, 0i32);
-    // SAFETY: both pointers are valid and writable; `device` is a device the driver listed.
-    let code =
-        unsafe { cuDevicePrimaryCtxGetState(device.as_raw(), &raw mut flags, &raw mut active) };
-    assert_eq!(code, 0, "cuDevicePrimaryCtxGetState: {}", name(code));
-    active != 0
-}
 
 /// A staged copy of `input` from a new buffer to another on `ctx`'s device through `staging`.
 fn staged_roundtrip(ctx: &Context, staging: &mut Staging, input: &[u32]) -> Vec<u32> {

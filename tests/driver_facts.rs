@@ -9,8 +9,8 @@ use common::code_name as name;
 use core::ffi::c_void;
 
 use cuda_vmm::{
-    Context, Device, DriverError, Granularity, Mapping, PhysicalAllocation, ReadWrite,
-    VirtualReservation, allocation_granularity,
+    Access, AccessMode, Context, Device, DriverError, Granularity, Mapping, PhysicalAllocation,
+    ReadWrite, VirtualReservation, allocation_granularity,
 };
 
 #[repr(C)]
@@ -142,15 +142,7 @@ fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>
     {
         let contexts = [ctx];
         let scoped = granted.grant_scoped(&contexts, ReadWrite).unwrap();
-        let mut host = vec![0u8; 64];
-        scoped
-            .slice::<u8>()
-            .unwrap()
-            .slice(..64)
-            .unwrap()
-            .copy_to_host(&mut host)
-            .unwrap();
-        assert_eq!(host, vec![7; 64]);
+        assert_eq!(first_bytes(&scoped), vec![7; 64]);
         scoped.revoke().unwrap();
     }
     let mut host = vec![0u8; 64];
@@ -170,15 +162,11 @@ fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>
                     "grant naming one device twice: accepted ({} device entries)",
                     access.devices().len()
                 );
-                let mut host = vec![0u8; 64];
-                access
-                    .slice::<u8>()
-                    .unwrap()
-                    .slice(..64)
-                    .unwrap()
-                    .copy_to_host(&mut host)
-                    .unwrap();
-                assert_eq!(host, vec![7; 64], "the accepted grant opens the mapping");
+                assert_eq!(
+                    first_bytes(&access),
+                    vec![7; 64],
+                    "the accepted grant opens the mapping"
+                );
             }
             Err(e) => {
                 println!("grant naming one device twice: {e}");
@@ -189,4 +177,17 @@ fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>
             }
         }
     }
+}
+
+/// The first 64 bytes of a granted mapping, read through the safe API.
+fn first_bytes<M: AccessMode>(access: &Access<'_, M>) -> Vec<u8> {
+    let mut host = vec![0u8; 64];
+    access
+        .slice::<u8>()
+        .unwrap()
+        .slice(..64)
+        .unwrap()
+        .copy_to_host(&mut host)
+        .unwrap();
+    host
 }

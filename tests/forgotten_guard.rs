@@ -5,27 +5,16 @@
 
 mod common;
 
-use common::{code_name as name, pattern};
+use common::{code_name as name, pattern, primary_active};
 
 use core::ffi::c_void;
 
-use cuda_vmm::{Context, Device, DeviceBuffer, DriverError, PeerAccess, can_access_peer};
+use cuda_vmm::{Context, DeviceBuffer, DriverError, PeerAccess, can_access_peer};
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.
 unsafe extern "C" {
-    fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> u32;
     fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
     fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
-}
-
-/// Whether `device`'s primary context is active (retained by someone, and not reset).
-fn primary_active(device: Device) -> bool {
-    let (mut flags, mut active) = (0u32, 0i32);
-    // SAFETY: both pointers are valid and writable; `device` is a device the driver listed.
-    let code =
-        unsafe { cuDevicePrimaryCtxGetState(device.as_raw(), &raw mut flags, &raw mut active) };
-    assert_eq!(code, 0, "cuDevicePrimaryCtxGetState: {}", name(code));
-    active != 0
 }
 
 #[test]

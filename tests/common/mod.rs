@@ -104,3 +104,17 @@ pub unsafe fn add_one(
     // addresses for `n` elements for the whole launch, which waits for the kernel to finish.
     unsafe { kernel.launch((blocks, 1, 1), (256, 1, 1), &mut params) }
 }
+
+/// Whether `device`'s primary context is active (retained by someone, and not reset), as
+/// `cuDevicePrimaryCtxGetState` says.
+pub fn primary_active(device: Device) -> bool {
+    unsafe extern "C" {
+        fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> u32;
+    }
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: both pointers are valid and writable; `device` is a device the driver listed.
+    let code =
+        unsafe { cuDevicePrimaryCtxGetState(device.as_raw(), &raw mut flags, &raw mut active) };
+    assert_eq!(code, 0, "cuDevicePrimaryCtxGetState: {}", code_name(code));
+    active != 0
+}
