@@ -6,7 +6,7 @@ use core::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::Error;
+use crate::error::{Error, first_error};
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 
@@ -241,13 +241,7 @@ impl<'a, M: AccessMode> ScopedAccess<'a, M> {
         // Finish all work that may touch the mapping before access goes away: every context, even
         // after one reports an (older, sticky) error. Then revoke in any case, and report the first
         // error.
-        let mut synced = Ok(());
-        for context in a.contexts.iter() {
-            let done = context.synchronize();
-            if synced.is_ok() {
-                synced = done;
-            }
-        }
+        let synced = first_error(a.contexts.iter().map(Context::synchronize));
         let revoked = crate::mapping::revoke(a.ptr, a.size, a.contexts);
         synced?;
         Ok(revoked?)

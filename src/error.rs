@@ -384,6 +384,19 @@ pub(crate) fn check(code: u32) -> Result<()> {
     }
 }
 
+/// Every result of `results`, each one made even after an error (for clean-up that must reach
+/// every item); the first error, if any.
+pub(crate) fn first_error(results: impl IntoIterator<Item = Result<()>>) -> Result<()> {
+    // A loop, not `try_fold`: stopping at the first error would skip the rest.
+    let mut first = Ok(());
+    for result in results {
+        if first.is_ok() {
+            first = result;
+        }
+    }
+    first
+}
+
 /// The error of operations that check their arguments before calling the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -526,6 +539,18 @@ impl std::error::Error for Error {
 mod tests {
     use super::*;
     use std::error::Error as _;
+
+    #[test]
+    fn first_error_tries_every_item_and_keeps_the_first_error() {
+        let mut tried = Vec::new();
+        let first = first_error([0u32, 1, 0, 2, 0].into_iter().map(|code| {
+            tried.push(code);
+            check(code)
+        }));
+        assert_eq!(first, Err(DriverError::INVALID_VALUE));
+        assert_eq!(tried, [0, 1, 0, 2, 0], "every item was tried");
+        assert_eq!(first_error([Ok(()), Ok(())]), Ok(()));
+    }
 
     #[test]
     fn every_code_formats_without_panicking() {

@@ -6,7 +6,7 @@ use core::mem::ManuallyDrop;
 
 use crate::access::{Access, AccessMode, Contexts, ScopedAccess};
 use crate::device::Context;
-use crate::error::{Error, Result, check};
+use crate::error::{Error, Result, check, first_error};
 use crate::physical::PhysicalAllocation;
 use crate::reservation::{Region, VirtualReservation};
 use crate::sys;
@@ -206,19 +206,14 @@ pub(crate) fn revoke(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>)
 
 /// [`revoke`] device by device: every device is tried; the first refusal is returned.
 fn revoke_each(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
-    let mut first = Ok(());
-    for context in contexts.iter() {
-        let done = set_access(
+    first_error(contexts.iter().map(|context| {
+        set_access(
             ptr,
             size,
             Contexts::One(context),
             sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-        );
-        if first.is_ok() {
-            first = done;
-        }
-    }
-    first
+        )
+    }))
 }
 
 impl Drop for Mapping<'_, '_> {
