@@ -6,22 +6,14 @@
 
 mod common;
 
-use common::{code_name as name, pattern, primary_active};
+use common::{code_name as name, pattern, primary_active, raw_disable_peer, raw_enable_peer};
 
-use core::ffi::c_void;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_vmm::{
     Context, CopyPath, DeviceBuffer, DriverError, PeerAccess, Route, Staging, can_access_peer,
     copy_between_with,
 };
-
-// The driver's own symbols with integer results: no driver value lands in a Rust enum.
-unsafe extern "C" {
-    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
-    fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
-    fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
-}
 
 /// The tests each need to be the only holders of the primary contexts they look at.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -97,30 +89,18 @@ fn access_enabled_by_other_code_survives_the_last_guard() {
         return;
     };
     let (c0, c1) = (Context::new(d0).unwrap(), Context::new(d1).unwrap());
-    // SAFETY: `c1` is a retained context made current; `c0` is retained; flags 0.
-    let enabled = unsafe {
-        assert_eq!(cuCtxSetCurrent(c1.as_raw().cast()), 0);
-        cuCtxEnablePeerAccess(c0.as_raw().cast(), 0)
-    };
+    let enabled = raw_enable_peer(&c1, &c0);
     assert_eq!(enabled, 0, "other code enables 1 -> 0: {}", name(enabled));
 
     let guard = PeerAccess::enable(&c1, &c0, link).unwrap();
     guard.disable().unwrap();
-    // SAFETY: as above.
-    let disabled = unsafe {
-        assert_eq!(cuCtxSetCurrent(c1.as_raw().cast()), 0);
-        cuCtxDisablePeerAccess(c0.as_raw().cast())
-    };
+    let disabled = raw_disable_peer(&c1, &c0);
     println!("raw disable 1->0 after the guard ended: {}", name(disabled));
     assert_eq!(disabled, 0, "the guard left enabled what it found enabled");
 
     // Now enabled by a guard itself: its end disables it.
     let guard = PeerAccess::enable(&c1, &c0, link).unwrap();
     guard.disable().unwrap();
-    // SAFETY: as above.
-    let after = unsafe {
-        assert_eq!(cuCtxSetCurrent(c1.as_raw().cast()), 0);
-        cuCtxDisablePeerAccess(c0.as_raw().cast())
-    };
+    let after = raw_disable_peer(&c1, &c0);
     assert_eq!(after, DriverError::PEER_ACCESS_NOT_ENABLED.code());
 }

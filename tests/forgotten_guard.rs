@@ -5,17 +5,9 @@
 
 mod common;
 
-use common::{code_name as name, pattern, primary_active};
-
-use core::ffi::c_void;
+use common::{code_name as name, pattern, primary_active, raw_enable_peer};
 
 use cuda_vmm::{Context, DeviceBuffer, DriverError, PeerAccess, can_access_peer};
-
-// The driver's own symbols with integer results: no driver value lands in a Rust enum.
-unsafe extern "C" {
-    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
-    fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
-}
 
 #[test]
 fn forgotten_guard_keeps_its_direction_enabled() {
@@ -42,11 +34,7 @@ fn forgotten_guard_keeps_its_direction_enabled() {
     );
 
     let (c0, c1) = (Context::new(d0).unwrap(), Context::new(d1).unwrap());
-    // SAFETY: `c0` is a retained context; `c1` too; flags 0.
-    let again = unsafe {
-        assert_eq!(cuCtxSetCurrent(c0.as_raw().cast()), 0);
-        cuCtxEnablePeerAccess(c1.as_raw().cast(), 0)
-    };
+    let again = raw_enable_peer(&c0, &c1);
     println!("raw enable 0->1 after the forgotten guard: {}", name(again));
     assert_eq!(
         again,
@@ -60,10 +48,6 @@ fn forgotten_guard_keeps_its_direction_enabled() {
     let guard = PeerAccess::enable(&c0, &c1, link).unwrap();
     assert_eq!(remote.peer_slice(&guard).unwrap().to_vec().unwrap(), input);
     guard.disable().unwrap();
-    // SAFETY: as above.
-    let still = unsafe {
-        assert_eq!(cuCtxSetCurrent(c0.as_raw().cast()), 0);
-        cuCtxEnablePeerAccess(c1.as_raw().cast(), 0)
-    };
+    let still = raw_enable_peer(&c0, &c1);
     assert_eq!(still, DriverError::PEER_ACCESS_ALREADY_ENABLED.code());
 }

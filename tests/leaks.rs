@@ -5,18 +5,14 @@
 
 mod common;
 
-use core::ffi::c_void;
-
 use cuda_vmm::{
     Context, Device, DeviceBuffer, DriverError, Error, Granularity, PeerAccess, PhysicalAllocation,
     ReadOnly, ReadWrite, VirtualReservation, align_size, allocation_granularity, can_access_peer,
 };
 
-// The driver's own symbols with integer results, for what the safe API cannot (and must not) do.
+// The driver's own symbol with an integer result, for what the safe API cannot (and must not) do.
 unsafe extern "C" {
     fn cuMemUnmap(ptr: u64, size: usize) -> u32;
-    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
-    fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
 }
 
 fn lifecycle(ctx: &Context, g: usize, round: u32) -> Result<(), Error> {
@@ -183,11 +179,7 @@ fn peer_guards_leak_nothing() {
                 cycles += 1;
             }
             // The last guard really disabled the direction: the driver finds nothing to disable.
-            // SAFETY: `from` and `to` are retained contexts; `from` is made current.
-            let code = unsafe {
-                assert_eq!(cuCtxSetCurrent(from.as_raw().cast()), 0);
-                cuCtxDisablePeerAccess(to.as_raw().cast())
-            };
+            let code = common::raw_disable_peer(from, to);
             assert_eq!(
                 code,
                 DriverError::PEER_ACCESS_NOT_ENABLED.code(),

@@ -116,13 +116,16 @@ fn peer_queries_on_one_device_change_nothing() {
     assert!(attributes.is_err());
 }
 
-/// Every ordered pair of distinct devices with its peer link, where the driver reports one; the pairs
-/// without one are reported visibly, and where no pair has one, `None` after printing that `test` is
-/// skipped.
-fn linked_pairs(
-    test: &str,
-    gpus: &[(cuda_vmm::Device, Context)],
-) -> Option<Vec<(usize, usize, cuda_vmm::PeerLink)>> {
+/// A device with its primary context.
+type Gpu = (cuda_vmm::Device, Context);
+/// Two devices, as indices into the list of [`Gpu`]s, and the link from the first to the second.
+type LinkedPair = (usize, usize, cuda_vmm::PeerLink);
+
+/// Every device with its context, and every ordered pair of distinct devices (as indices) with its
+/// peer link, where the driver reports one. The pairs without one are reported visibly; with fewer
+/// than two devices, or where no pair has a link, `None` after printing that `test` is skipped.
+fn linked_gpus_or_skip(test: &str) -> Option<(Vec<Gpu>, Vec<LinkedPair>)> {
+    let gpus = gpus_or_skip(test, 2)?;
     let mut pairs = Vec::new();
     for (i, (a, _)) in gpus.iter().enumerate() {
         for (j, (b, _)) in gpus.iter().enumerate() {
@@ -142,16 +145,13 @@ fn linked_pairs(
         ));
         return None;
     }
-    Some(pairs)
+    Some((gpus, pairs))
 }
 
 #[test]
 fn peer_guard_gates_buffer_access_in_every_direction() {
     let test = "peer_guard_gates_buffer_access_in_every_direction";
-    let Some(gpus) = gpus_or_skip(test, 2) else {
-        return;
-    };
-    let Some(pairs) = linked_pairs(test, &gpus) else {
+    let Some((gpus, pairs)) = linked_gpus_or_skip(test) else {
         return;
     };
     for (i, j, link) in pairs {
@@ -215,10 +215,7 @@ fn peer_guard_gates_buffer_access_in_every_direction() {
 #[test]
 fn overlapping_guards_and_already_enabled_are_not_errors() {
     let test = "overlapping_guards_and_already_enabled_are_not_errors";
-    let Some(gpus) = gpus_or_skip(test, 2) else {
-        return;
-    };
-    let Some(pairs) = linked_pairs(test, &gpus) else {
+    let Some((gpus, pairs)) = linked_gpus_or_skip(test) else {
         return;
     };
     for (i, j, link) in pairs {

@@ -4,9 +4,7 @@
 
 mod common;
 
-use common::code_name as name;
-
-use core::ffi::c_void;
+use common::{code_name as name, raw_disable_peer, raw_enable_peer};
 
 use cuda_vmm::{
     Context, DeviceBuffer, DriverError, Granularity, PeerAccess, PhysicalAllocation, ReadWrite,
@@ -15,16 +13,12 @@ use cuda_vmm::{
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.
 unsafe extern "C" {
-    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
-    fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
-    fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
     fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) -> u32;
 }
 
 /// `cuMemcpyDtoD` issued with `ctx` current.
 fn raw_copy(ctx: &Context, dst: u64, src: u64, bytes: usize) -> u32 {
-    // SAFETY: `ctx` is a retained context.
-    assert_eq!(unsafe { cuCtxSetCurrent(ctx.as_raw().cast()) }, 0);
+    common::raw_bind(ctx);
     // SAFETY: `dst` is `bytes` of the caller's own buffer in `ctx`; `src` is mapped device memory of at
     // least `bytes`; the driver either copies or refuses. The legacy-stream copy is awaited by the
     // caller's next synchronous call.
@@ -45,14 +39,7 @@ fn peer_access_facts() {
     };
 
     // 1. Enabling twice: 0, then 704; disabling twice: 0, then 705. A guard treats 704/705 as done.
-    // SAFETY: `c0` is current after the call; `c1` is a retained context; flags 0.
-    let (e1, e2) = unsafe {
-        assert_eq!(cuCtxSetCurrent(c0.as_raw().cast()), 0);
-        (
-            cuCtxEnablePeerAccess(c1.as_raw().cast(), 0),
-            cuCtxEnablePeerAccess(c1.as_raw().cast(), 0),
-        )
-    };
+    let (e1, e2) = (raw_enable_peer(c0, c1), raw_enable_peer(c0, c1));
     println!("enable 0->1 twice: {}, {}", name(e1), name(e2));
     assert_eq!(
         (e1, e2),
@@ -60,11 +47,8 @@ fn peer_access_facts() {
     );
     let guard = PeerAccess::enable(c0, c1, link).expect("704 under a guard is not an error");
     guard.disable().unwrap();
-    // SAFETY: as above; the guard has just disabled the direction.
-    let d2 = unsafe {
-        assert_eq!(cuCtxSetCurrent(c0.as_raw().cast()), 0);
-        cuCtxDisablePeerAccess(c1.as_raw().cast())
-    };
+    // The guard has just disabled the direction.
+    let d2 = raw_disable_peer(c0, c1);
     println!("disable after the guard ended: {}", name(d2));
     assert_eq!(d2, DriverError::PEER_ACCESS_NOT_ENABLED.code());
 

@@ -2,7 +2,18 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use core::ffi::c_void;
+
 use cuda_vmm::{Context, Device, DriverError};
+
+// The driver's own symbols with integer results, for what the safe API does not (or must not) offer:
+// no driver value lands in a Rust enum.
+unsafe extern "C" {
+    fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> u32;
+    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
+    fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
+    fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
+}
 
 /// Every device the driver reports with its primary context, or `None` after printing why the test is
 /// skipped. Skips only where the machine has no usable GPU (no device, no kernel driver, a stub
@@ -108,13 +119,31 @@ pub unsafe fn add_one(
 /// Whether `device`'s primary context is active (retained by someone, and not reset), as
 /// `cuDevicePrimaryCtxGetState` says.
 pub fn primary_active(device: Device) -> bool {
-    unsafe extern "C" {
-        fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> u32;
-    }
     let (mut flags, mut active) = (0u32, 0i32);
     // SAFETY: both pointers are valid and writable; `device` is a device the driver listed.
     let code =
         unsafe { cuDevicePrimaryCtxGetState(device.as_raw(), &raw mut flags, &raw mut active) };
     assert_eq!(code, 0, "cuDevicePrimaryCtxGetState: {}", code_name(code));
     active != 0
+}
+
+/// Raw `cuCtxSetCurrent`: makes `ctx` current on this thread; panics where the driver refuses.
+pub fn raw_bind(ctx: &Context) {
+    // SAFETY: `ctx` is a retained context, alive for the call.
+    let code = unsafe { cuCtxSetCurrent(ctx.as_raw().cast()) };
+    assert_eq!(code, 0, "cuCtxSetCurrent: {}", code_name(code));
+}
+
+/// Raw `cuCtxEnablePeerAccess` from `from` to `to`, outside any guard: the driver's answer.
+pub fn raw_enable_peer(from: &Context, to: &Context) -> u32 {
+    raw_bind(from);
+    // SAFETY: `from` is current (bound just above); `to` is a retained context; flags 0.
+    unsafe { cuCtxEnablePeerAccess(to.as_raw().cast(), 0) }
+}
+
+/// Raw `cuCtxDisablePeerAccess` from `from` to `to`, outside any guard: the driver's answer.
+pub fn raw_disable_peer(from: &Context, to: &Context) -> u32 {
+    raw_bind(from);
+    // SAFETY: `from` is current (bound just above); `to` is a retained context.
+    unsafe { cuCtxDisablePeerAccess(to.as_raw().cast()) }
 }
