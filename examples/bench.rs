@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuda_vmm::{
-    Context, Device, DeviceBuffer, DriverError, Granularity, PhysicalAllocation, ReadWrite, Route,
-    STAGING_CHUNK_BYTES, Staging, VirtualReservation, allocation_granularity, copy_between,
+    Access, Context, Device, DeviceBuffer, DriverError, Granularity, PhysicalAllocation, ReadWrite,
+    Route, STAGING_CHUNK_BYTES, Staging, VirtualReservation, allocation_granularity, copy_between,
     copy_between_with,
 };
 
@@ -367,26 +367,17 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
     let host_ptr = host.ptr;
     let reps = 30;
 
-    // Untimed copies both ways first: the host link (and the GPU's clocks) leave their idle state
-    // only under load, and the first row would otherwise measure that ramp rather than the copy.
+    // Untimed copies both ways first: without them the first row measured half the rate the same
+    // copy reached one row later (a warm-up of the link or the clocks, not of the copy).
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < 1.0 {
-        src.slice::<u8>()?
-            .slice(..bytes)?
-            .copy_to_host(host.bytes())?;
-        dst.slice_mut::<u8>()?
-            .slice_mut(..bytes)?
-            .copy_from_host(host.bytes())?;
+        download(&src, &mut host, bytes)?;
+        upload(&mut dst, &mut host, bytes)?;
     }
 
     let (safe, raw_t) = race(
         reps,
-        || {
-            Ok(dst
-                .slice_mut::<u8>()?
-                .slice_mut(..bytes)?
-                .copy_from_host(host.bytes())?)
-        },
+        || upload(&mut dst, &mut host, bytes),
         // SAFETY: `dst_ptr` is `bytes` of granted memory; `host_ptr` is `bytes` of pinned memory;
         // both outlive the race, and the safe closure runs only between raw ones.
         || unsafe { raw_htod(ctx, dst_ptr, host_ptr, bytes) },
@@ -405,12 +396,7 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
 
     let (safe, raw_t) = race(
         reps,
-        || {
-            Ok(src
-                .slice::<u8>()?
-                .slice(..bytes)?
-                .copy_to_host(host.bytes())?)
-        },
+        || download(&src, &mut host, bytes),
         // SAFETY: as above, the other way; cuMemcpyDtoH returns when finished.
         || unsafe {
             ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
@@ -448,6 +434,22 @@ fn copies(ctx: &Context, bytes: usize, granularity: usize, rows: &mut Vec<Row>) 
         "safe/raw >= 0.99",
     ));
     Ok(())
+}
+
+/// The safe host-to-device copy of `bytes` from `host` into the start of `dst`.
+fn upload(dst: &mut Access<'_, ReadWrite>, host: &mut Pinned, bytes: usize) -> BenchResult<()> {
+    Ok(dst
+        .slice_mut::<u8>()?
+        .slice_mut(..bytes)?
+        .copy_from_host(host.bytes())?)
+}
+
+/// The safe device-to-host copy of the first `bytes` of `src` into `host`.
+fn download(src: &Access<'_, ReadWrite>, host: &mut Pinned, bytes: usize) -> BenchResult<()> {
+    Ok(src
+        .slice::<u8>()?
+        .slice(..bytes)?
+        .copy_to_host(host.bytes())?)
 }
 
 /// The raw host-to-device copy the safe `copy_from_host` makes: `cuMemcpyHtoD` in `ctx`, then a wait.
