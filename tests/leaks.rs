@@ -101,19 +101,31 @@ fn failures(ctx: &Context, g: usize) {
 /// The tests of this file measure free memory; they must not run at the same time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The serialisation lock, taken before any context is made and released after the test's contexts
+/// (declared after it, dropped before it): a context made or released while another test measures
+/// moves free memory and takes or gives back address space.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn lifecycles_and_failures_leak_nothing() {
+    let _serial = serial();
     let Some((device, ctx)) = common::gpu_or_skip("lifecycles_and_failures_leak_nothing") else {
         return;
     };
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     // Warm up: the first calls may set up driver bookkeeping that stays for the process's lifetime.
     lifecycle(&ctx, g, 0).unwrap();
     failures(&ctx, g);
-    // A range to find again at the end: if every reservation was freed, the same address is free.
+    // A range to find again at the end: the driver honours a hint at a free range, so if every
+    // reservation of the rounds was freed, a hint at the probe's range is honoured again. What it
+    // proves: the rounds gave back the address space they reserved. It holds only while nothing else
+    // in this process takes address space meanwhile: the other test here makes contexts (a context
+    // takes address space), so the two are serialised from before their first context to after their
+    // last.
     let probe = VirtualReservation::new(8 * g, 0).unwrap();
     let probe_base = probe.base();
     probe.free().unwrap();
@@ -155,12 +167,10 @@ fn lifecycles_and_failures_leak_nothing() {
 /// where it was. Needs two GPUs with a peer link; skips visibly otherwise.
 #[test]
 fn peer_guards_leak_nothing() {
+    let _serial = serial();
     let Some(gpus) = common::gpus_or_skip("peer_guards_leak_nothing", 2) else {
         return;
     };
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let before: Vec<usize> = gpus
         .iter()
         .map(|(_, c)| c.memory_info().unwrap().0)

@@ -45,12 +45,36 @@ fn peer_access_facts() {
         (e1, e2),
         (0, DriverError::PEER_ACCESS_ALREADY_ENABLED.code())
     );
+    let (off1, off2) = (raw_disable_peer(c0, c1), raw_disable_peer(c0, c1));
+    println!("disable 0->1 twice: {}, {}", name(off1), name(off2));
+    assert_eq!(
+        (off1, off2),
+        (0, DriverError::PEER_ACCESS_NOT_ENABLED.code())
+    );
+
+    // Access a guard enabled itself ends with the last guard: the driver then finds nothing to disable.
+    PeerAccess::enable(c0, c1, link).unwrap().disable().unwrap();
+    let after_own = raw_disable_peer(c0, c1);
+    println!(
+        "disable after a guard that enabled the access ended: {}",
+        name(after_own)
+    );
+    assert_eq!(after_own, DriverError::PEER_ACCESS_NOT_ENABLED.code());
+
+    // Access other code enabled before the first guard stays enabled when the last guard ends: the
+    // guard never takes away what it did not give (the other code may still be using it).
+    assert_eq!(raw_enable_peer(c0, c1), 0);
     let guard = PeerAccess::enable(c0, c1, link).expect("704 under a guard is not an error");
     guard.disable().unwrap();
-    // The guard has just disabled the direction.
-    let d2 = raw_disable_peer(c0, c1);
-    println!("disable after the guard ended: {}", name(d2));
-    assert_eq!(d2, DriverError::PEER_ACCESS_NOT_ENABLED.code());
+    let after_other = raw_disable_peer(c0, c1);
+    println!(
+        "disable after a guard over access other code enabled: {}",
+        name(after_other)
+    );
+    assert_eq!(
+        after_other, 0,
+        "the guard disabled access it had not enabled"
+    );
 
     // 2. Context peer access does not open a VMM mapping: memory of GPU 1, granted to GPU 1 only, is
     // refused to GPU 0 even while a guard 0 -> 1 lives; a grant to GPU 0 opens it.
