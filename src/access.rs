@@ -8,7 +8,7 @@ use bytemuck::Pod;
 use crate::device::{Context, Device};
 use crate::error::{Error, first_error};
 use crate::sys;
-use crate::view::{DeviceSlice, DeviceSliceMut};
+use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 
 mod sealed {
     pub trait Sealed {}
@@ -58,6 +58,14 @@ impl<'a> Contexts<'a> {
             Contexts::Many(cs) => (None, cs),
         };
         one.into_iter().chain(many.iter().copied())
+    }
+
+    /// The devices besides a view's own that reach the granted memory: every granted device.
+    fn reach(self) -> Reach<'a> {
+        match self {
+            Contexts::One(_) => &[],
+            Contexts::Many(cs) => cs,
+        }
     }
 
     fn first(self) -> &'a Context {
@@ -169,8 +177,14 @@ impl<'a, M: AccessMode> Access<'a, M> {
 
     fn slice_through<T: Pod>(&self, context: &'a Context) -> Result<DeviceSlice<'_, T>, Error> {
         let len = elements::<T>(self.size)?;
-        // `[ptr, ptr + size)` is mapped and granted to `context`'s device for as long as `self` is borrowed.
-        Ok(DeviceSlice::from_granted(self.ptr, len, context))
+        // `[ptr, ptr + size)` is mapped and granted to `context`'s device, and to every device of the
+        // grant, for as long as `self` is borrowed.
+        Ok(DeviceSlice::from_granted(
+            self.ptr,
+            len,
+            context,
+            self.contexts.reach(),
+        ))
     }
 }
 
@@ -199,7 +213,12 @@ impl<'a> Access<'a, ReadWrite> {
         context: &'a Context,
     ) -> Result<DeviceSliceMut<'_, T>, Error> {
         let len = elements::<T>(self.size)?;
-        Ok(DeviceSliceMut::from_granted(self.ptr, len, context))
+        Ok(DeviceSliceMut::from_granted(
+            self.ptr,
+            len,
+            context,
+            self.contexts.reach(),
+        ))
     }
 }
 

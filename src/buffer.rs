@@ -111,13 +111,13 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     /// A read-only view of the whole buffer.
     #[must_use]
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
-        DeviceSlice::from_granted(self.ptr, self.len, self.context)
+        DeviceSlice::from_granted(self.ptr, self.len, self.context, &[])
     }
 
     /// A writable view of the whole buffer.
     #[must_use]
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        DeviceSliceMut::from_granted(self.ptr, self.len, self.context)
+        DeviceSliceMut::from_granted(self.ptr, self.len, self.context, &[])
     }
 
     /// A read-only view of the whole buffer for the *peer* context of `access`: copies (and kernels given
@@ -133,7 +133,14 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
         access: &'g PeerAccess<'_>,
     ) -> Result<DeviceSlice<'g, T>, Error> {
         self.check_peer(access)?;
-        Ok(DeviceSlice::from_granted(self.ptr, self.len, access.from()))
+        // The guard, borrowed for `'g`, opens this memory to `access.from()`'s device; the owner's own
+        // device reaches it in any case.
+        Ok(DeviceSlice::from_granted(
+            self.ptr,
+            self.len,
+            access.from(),
+            core::slice::from_ref(&self.context),
+        ))
     }
 
     /// A writable view of the whole buffer for the peer context of `access`; see
@@ -150,6 +157,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
             self.ptr,
             self.len,
             access.from(),
+            core::slice::from_ref(&self.context),
         ))
     }
 

@@ -454,6 +454,25 @@ pub enum Error {
         /// The ordinal of the device whose memory was given.
         found: i32,
     },
+    /// A device cannot reach another device's memory directly, so a direct copy between them would be
+    /// staged by the driver at a fraction of the link's speed (or refused). Checked before any driver
+    /// call. Open the memory to the device first (a grant that names it, or a
+    /// [`PeerAccess`](crate::PeerAccess) guard and a peer view), or copy with
+    /// [`Route::Auto`](crate::Route::Auto) or [`Route::Staged`](crate::Route::Staged).
+    NoPeerAccess {
+        /// The ordinal of the device that would access the memory.
+        device: i32,
+        /// The ordinal of the device whose view holds the memory.
+        owner: i32,
+    },
+    /// The driver reports no peer link in this direction (`cuDeviceCanAccessPeer` answered 0), so peer
+    /// access cannot be enabled.
+    NoPeerLink {
+        /// The ordinal of the device that would access.
+        from: i32,
+        /// The ordinal of the device whose memory would be accessed.
+        to: i32,
+    },
     /// An ordinal or count the driver cannot represent (for example a device ordinal above
     /// `i32::MAX`).
     InvalidArgument {
@@ -518,6 +537,15 @@ impl fmt::Display for Error {
             Error::DeviceMismatch { expected, found } => write!(
                 f,
                 "memory of device {found} was given where memory of device {expected} is needed"
+            ),
+            Error::NoPeerAccess { device, owner } => write!(
+                f,
+                "device {device} has no access to the memory of the view on device {owner}: grant it \
+                 access or open peer access first, or copy with Route::Auto or Route::Staged"
+            ),
+            Error::NoPeerLink { from, to } => write!(
+                f,
+                "the driver reports no peer link from device {from} to device {to}"
             ),
             Error::InvalidArgument { what } => {
                 write!(f, "{what} cannot be represented by the driver")

@@ -253,6 +253,36 @@ impl<'ctx> PeerAccess<'ctx> {
         }
     }
 
+    /// `cuDeviceCanAccessPeer` + `cuCtxEnablePeerAccess` — ask the driver whether `from` can access
+    /// `to`'s memory and, where it can, [`enable`](PeerAccess::enable) that direction: the one call
+    /// that opens the link for a phase of work (copies from [`peer_slice`](crate::DeviceBuffer::peer_slice)
+    /// views at the link's speed, kernels reading peer memory). Access ends with the guard.
+    ///
+    /// # Errors
+    /// [`Error::NoPeerLink`] where the driver reports no link in this direction (always for one
+    /// device); as [`enable`](PeerAccess::enable) otherwise.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Context, Device, PeerAccess};
+    ///
+    /// # fn main() -> Result<(), cuda_vmm::Error> {
+    /// let (gpu0, gpu1) = (Context::new(Device::get(0)?)?, Context::new(Device::get(1)?)?);
+    /// let guard = PeerAccess::open(&gpu1, &gpu0)?; // GPU 1 may now read and write GPU 0's buffers
+    /// // ... peer views and copies borrow `guard` ...
+    /// guard.disable()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuCtxEnablePeerAccess")]
+    pub fn open(from: &'ctx Context, to: &'ctx Context) -> Result<PeerAccess<'ctx>, Error> {
+        let link = can_access_peer(from.device(), to.device())?.ok_or(Error::NoPeerLink {
+            from: from.device().as_raw(),
+            to: to.device().as_raw(),
+        })?;
+        PeerAccess::enable(from, to, link)
+    }
+
     /// The context that accesses.
     #[must_use]
     pub fn from(&self) -> &'ctx Context {

@@ -220,13 +220,6 @@ unsafe extern "C" {
         bytes: usize,
         stream: CUstream,
     ) -> CUresult;
-    pub(crate) fn cuMemcpyPeer(
-        dst: CUdeviceptr,
-        dst_ctx: CUcontext,
-        src: CUdeviceptr,
-        src_ctx: CUcontext,
-        bytes: usize,
-    ) -> CUresult;
 
     pub(crate) fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice)
     -> CUresult;

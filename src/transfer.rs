@@ -7,18 +7,22 @@ use bytemuck::Pod;
 
 use crate::device::{Context, Device};
 use crate::error::{Error, Result, check};
-use crate::peer::can_access_peer;
 use crate::sys;
-use crate::view::{DeviceSlice, DeviceSliceMut};
+use crate::view::{DeviceSlice, DeviceSliceMut, copy_device_to_device};
 
 /// Which path [`copy_between`] should take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Route {
-    /// [`CopyPath::Direct`] where the destination device can reach the source device
-    /// ([`can_access_peer`]) or both views are on one device; [`CopyPath::Staged`] otherwise.
+    /// [`CopyPath::Direct`] where one view's device can reach the other view's memory (see
+    /// [`DeviceSlice::reachable_from`]), [`CopyPath::Staged`] otherwise. Between two devices the
+    /// direct path is taken only where access is open (a grant that names the other device, or a peer
+    /// view under a [`PeerAccess`](crate::PeerAccess) guard): a device that merely *could* access the
+    /// other ([`can_access_peer`](crate::can_access_peer)) but has no access yet gets the staged path,
+    /// never the driver's own, slower staging.
     #[default]
     Auto,
-    /// Always [`CopyPath::Direct`].
+    /// Always [`CopyPath::Direct`]: refused with [`Error::NoPeerAccess`] before any driver call where
+    /// neither device can reach the other view's memory.
     Direct,
     /// Always [`CopyPath::Staged`], also on one device (to compare the paths, or to avoid the
     /// peer link).
@@ -26,32 +30,35 @@ pub enum Route {
 }
 
 impl Route {
-    /// The path [`copy_between`] takes on this route for a copy from a view on `src` to a view on
-    /// `dst` (for [`Route::Auto`]: `cuDeviceCanAccessPeer(dst, src)`). Changes nothing.
+    /// The path [`copy_between`] takes on this route for a copy from `src` into `dst`. Changes nothing
+    /// and calls no driver function.
     ///
     /// # Errors
-    /// The driver's error from the peer query, if any.
-    pub fn path(self, dst: Device, src: Device) -> Result<CopyPath> {
-        let direct = match self {
-            Route::Direct => true,
-            Route::Staged => false,
-            Route::Auto => dst == src || can_access_peer(dst, src)?.is_some(),
-        };
-        Ok(if direct {
-            CopyPath::Direct
-        } else {
-            CopyPath::Staged
-        })
+    /// [`Error::NoPeerAccess`] for [`Route::Direct`] where neither view's device can reach the other
+    /// view's memory.
+    pub fn path<T: Pod>(
+        self,
+        dst: &DeviceSliceMut<'_, T>,
+        src: &DeviceSlice<'_, T>,
+    ) -> Result<CopyPath, Error> {
+        let open = src.reachable_from(dst.device()) || dst.reachable_from(src.device());
+        match self {
+            Route::Auto | Route::Direct if open => Ok(CopyPath::Direct),
+            Route::Auto | Route::Staged => Ok(CopyPath::Staged),
+            Route::Direct => Err(Error::NoPeerAccess {
+                device: dst.device().as_raw(),
+                owner: src.device().as_raw(),
+            }),
+        }
     }
 }
 
 /// The path a copy took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CopyPath {
-    /// One driver copy: `cuMemcpyDtoD` on one device, `cuMemcpyPeer` between two. Between two devices
-    /// it uses the peer link directly where context peer access is enabled for the pair (a
-    /// [`PeerAccess`](crate::PeerAccess) from the destination's context), and is staged by the driver
-    /// otherwise.
+    /// One `cuMemcpyDtoD`, in a context whose device reaches both views' memory: the destination's
+    /// where the source is open to it, else the source's. Between two devices it runs over the peer
+    /// peer link at the link's speed.
     Direct,
     /// Through pinned host memory: chunks go device → host on a stream of the source's context and
     /// host → device on a stream of the destination's, double-buffered so both legs overlap.
@@ -62,16 +69,47 @@ pub enum CopyPath {
 pub const STAGING_CHUNK_BYTES: usize = 8 << 20;
 
 /// Copies `src` into `dst` (same length), on the path `route` asks for, and says which path it took.
-/// Returns once the copy has finished.
+/// Returns once the copy has finished, on every path, also where it fails: no copy is left in flight.
 ///
-/// The two views may belong to different devices; each is read or written only from its own context.
-/// This is the chapter's fallback for systems where GPUs cannot reach each other: with
-/// [`Route::Auto`] the copy stays correct (and the bytes identical) whatever the topology.
+/// The two views may belong to different devices. The direct path runs only where one device can
+/// reach the other's memory while the views live ([`Route`]); the staged path reads and writes each
+/// view only from its own context. With [`Route::Auto`] the copy stays correct (and the bytes
+/// identical) whatever the topology and whatever access is open.
+///
+/// To copy between two devices at the link's speed, open the source to the destination's device for
+/// as long as the copies run, and copy from the view that the opening gives:
+/// - VMM memory: [`Mapping::grant_scoped`](crate::Mapping::grant_scoped) (or `grant_all`) naming both
+///   devices; the scoped grant is revoked when it ends.
+/// - `cuMemAlloc` memory ([`DeviceBuffer`](crate::DeviceBuffer)): [`PeerAccess::open`](crate::PeerAccess::open)
+///   from the destination's context to the source's, then
+///   [`peer_slice`](crate::DeviceBuffer::peer_slice); access ends with the guard. Enabling peer
+///   access costs milliseconds: keep the guard for a phase of copies, not one copy.
 ///
 /// # Errors
-/// [`Error::LengthMismatch`] where the lengths differ; the driver's error otherwise (e.g.
-/// [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY) when no pinned staging memory
-/// can be had). Staging resources are released on every path.
+/// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] for [`Route::Direct`]
+/// where neither device reaches the other's memory (before any driver call); the driver's error
+/// otherwise (e.g. [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY) when no pinned
+/// staging memory can be had). Staging resources are released on every path.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_vmm::{Context, Device, DeviceBuffer, PeerAccess, Route, CopyPath, copy_between};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let (gpu0, gpu1) = (Context::new(Device::get(0)?)?, Context::new(Device::get(1)?)?);
+/// let src = DeviceBuffer::<f32>::zeroed(&gpu0, 1 << 20)?;
+/// let mut dst = DeviceBuffer::<f32>::zeroed(&gpu1, 1 << 20)?;
+///
+/// // Without access, Auto stages through pinned host memory and Direct is refused.
+/// assert_eq!(copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Auto)?, CopyPath::Staged);
+///
+/// // GPU 1 reads GPU 0's memory over the link while the guard lives.
+/// let link = PeerAccess::open(&gpu1, &gpu0)?;
+/// let path = copy_between(&mut dst.as_mut_slice(), &src.peer_slice(&link)?, Route::Direct)?;
+/// assert_eq!(path, CopyPath::Direct);
+/// # Ok(())
+/// # }
+/// ```
 pub fn copy_between<T: Pod>(
     dst: &mut DeviceSliceMut<'_, T>,
     src: &DeviceSlice<'_, T>,
@@ -107,7 +145,7 @@ fn copy<T: Pod>(
             found: src.len(),
         });
     }
-    let path = route.path(dst.device(), src.device())?;
+    let path = route.path(dst, src)?;
     let (dst_ptr, _, dst_ctx) = dst.as_slice().parts();
     let (src_ptr, len, src_ctx) = src.parts();
     let bytes = len * size_of::<T>();
@@ -115,18 +153,15 @@ fn copy<T: Pod>(
         return Ok(path);
     }
     match path {
-        CopyPath::Direct if dst.device() == src.device() => dst.copy_from_device(src)?,
         CopyPath::Direct => {
-            dst_ctx.bind_to_thread()?;
-            // SAFETY: each range is device memory reachable from its own context (the views'
-            // invariants), `bytes` long; `dst` is exclusive. The driver reads through `src_ctx` and
-            // writes through `dst_ctx`. Both contexts are synchronised below, so the copy has finished
-            // before either view can go away.
-            check(unsafe {
-                sys::cuMemcpyPeer(dst_ptr, dst_ctx.as_raw(), src_ptr, src_ctx.as_raw(), bytes)
-            })?;
-            src_ctx.synchronize()?;
-            dst_ctx.synchronize()?;
+            // `path` found one device that reaches both ranges: the destination's where the source is
+            // open to it (always on one device), else the source's (the destination is open to it).
+            let context = if src.reachable_from(dst.device()) {
+                dst_ctx
+            } else {
+                src_ctx
+            };
+            copy_device_to_device(context, dst_ptr, src_ptr, bytes)?;
         }
         CopyPath::Staged => {
             let mut own = None;
@@ -173,18 +208,19 @@ impl Drop for Stream<'_> {
     }
 }
 
-/// An event without timing, destroyed on drop.
-struct Event {
+/// An event without timing of one context, destroyed on drop.
+struct Event<'c> {
     raw: sys::CUevent,
+    context: &'c Context,
 }
 
-impl Event {
-    fn new(context: &Context) -> Result<Event> {
+impl<'c> Event<'c> {
+    fn new(context: &'c Context) -> Result<Event<'c>> {
         context.bind_to_thread()?;
         let mut raw: sys::CUevent = ptr::null_mut();
         // SAFETY: `raw` is writable; a context is current.
         check(unsafe { sys::cuEventCreate(&raw mut raw, sys::CU_EVENT_DISABLE_TIMING) })?;
-        Ok(Event { raw })
+        Ok(Event { raw, context })
     }
 
     fn record(&self, stream: &Stream<'_>) -> Result<()> {
@@ -198,11 +234,15 @@ impl Event {
     }
 }
 
-impl Drop for Event {
+impl Drop for Event<'_> {
     fn drop(&mut self) {
-        // SAFETY: a live event, destroyed once; the driver defers the release until it completes.
-        // Errors are ignored (`drop`).
-        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        // Destroyed with its own context current, as the driver requires of calls on its objects.
+        // Without it the event is leaked (errors are ignored: `drop`).
+        if self.context.bind_to_thread().is_ok() {
+            // SAFETY: a live event of the current context, destroyed once; the driver defers the
+            // release until it completes.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        }
     }
 }
 
@@ -223,6 +263,8 @@ impl PinnedHost {
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
+        // Its owner ([`Staging`]) has made the context the memory was pinned in current (its `Drop`
+        // runs before its fields'; `Staging::new` binds it before making any).
         // SAFETY: memory from `cuMemHostAlloc`, freed once. Only `staged` queues work on it, and its
         // streams are synchronised (when dropped) before it returns. Errors are ignored (`drop`).
         let _ = unsafe { sys::cuMemFreeHost(self.ptr) };
@@ -248,6 +290,15 @@ pub struct Staging {
 unsafe impl Send for Staging {}
 // SAFETY: `&Staging` gives access to nothing but the chunk size.
 unsafe impl Sync for Staging {}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // `cuMemFreeHost` (the buffers' `Drop`, which runs right after this) needs a current context,
+        // and `Staging` is `Send`: it may be dropped on a thread where no context, or another, is
+        // current. Bind the one the memory belongs to. Errors are ignored (`drop`).
+        let _ = self.context.bind_to_thread();
+    }
+}
 
 impl core::fmt::Debug for Staging {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {

@@ -12,18 +12,30 @@ use crate::device::{Context, Device};
 use crate::error::{Error, check};
 use crate::sys;
 
+/// The contexts whose devices reach a view's memory directly besides the view's own, for as long as
+/// the view lives: the view borrows what makes this true (the grant that names them, or the
+/// peer-access guard under which a peer view reads its owner's memory). Empty for a buffer's own
+/// memory and a grant to one device.
+pub(crate) type Reach<'a> = &'a [&'a Context];
+
 /// A read-only view of `len` values of `T` in device memory, reachable from the device of its context.
 ///
 /// Made from an [`Access`](crate::Access) or a [`DeviceBuffer`](crate::DeviceBuffer); it borrows what it
 /// views, so it cannot outlive the mapping or buffer. `T` is plain data ([`Pod`]): any bytes the device
 /// holds are a valid `T`. A view has no write method; [`DeviceSliceMut`] has.
 ///
+/// Besides its own device, a view knows which other devices can reach its memory while it lives
+/// ([`reachable_from`](DeviceSlice::reachable_from)): the other devices of its VMM grant, or the owner
+/// of a peer view's memory. Copies between devices take the direct path only where one of them does.
+///
 /// # Lifetimes
-/// `'a` is the borrow of the memory's owner (the grant or the buffer) and of the context copies run in.
+/// `'a` is the borrow of the memory's owner (the grant or the buffer), of the context copies run in, and
+/// of whatever opens the memory to other devices (the grant's list of contexts, or a peer guard).
 pub struct DeviceSlice<'a, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
     context: &'a Context,
+    reach: Reach<'a>,
     /// Shared access to `len` values of `T` for `'a`: covariant; `Send`/`Sync` only where `&[T]` is.
     _data: PhantomData<&'a [T]>,
 }
@@ -37,11 +49,13 @@ pub struct DeviceSlice<'a, T> {
 /// is a data race on the device, not undefined behaviour in Rust (see the README on aliases).
 ///
 /// # Lifetimes
-/// `'a` is the exclusive borrow of the memory's owner and the borrow of the context copies run in.
+/// `'a` is the exclusive borrow of the memory's owner, and the borrow of the context copies run in and
+/// of whatever opens the memory to other devices.
 pub struct DeviceSliceMut<'a, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
     context: &'a Context,
+    reach: Reach<'a>,
     /// Exclusive access to `len` values of `T` for `'a`: invariant in `T`, as `&mut [T]`; `Send`/`Sync`
     /// only where `&mut [T]` is.
     _data: PhantomData<&'a mut [T]>,
@@ -137,7 +151,29 @@ fn wait_for_copy() -> Result<(), Error> {
     Ok(check(unsafe { sys::cuStreamSynchronize(ptr::null_mut()) })?)
 }
 
-/// The accessors both view types share: they read the same three fields.
+/// `cuMemcpyDtoD` of `bytes` from `src` to `dst` in `context`, awaited.
+///
+/// The caller guarantees that both ranges are device memory reachable from `context`'s device for the
+/// duration of the call (the views' invariants and their `reach`), `dst` exclusive.
+pub(crate) fn copy_device_to_device(
+    context: &Context,
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+) -> Result<(), Error> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    context.bind_to_thread()?;
+    // SAFETY: both ranges are `bytes` of device memory reachable from the current context (the
+    // caller's guarantee). Their virtual ranges cannot overlap (`dst` is exclusive, `src` shared);
+    // through aliases the physical memory may, which leaves unspecified bytes in device memory but
+    // touches no Rust memory. `wait_for_copy` makes the copy finished before either view can go away.
+    check(unsafe { sys::cuMemcpyDtoD_v2(dst, src, bytes) })?;
+    wait_for_copy()
+}
+
+/// The accessors both view types share: they read the same fields.
 macro_rules! view_accessors {
     () => {
         /// The number of elements.
@@ -163,21 +199,34 @@ macro_rules! view_accessors {
         pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
             self.ptr
         }
+
+        /// Whether `device` can read and write this memory directly while the view lives: the view's
+        /// own device, every device of the VMM grant it came from, and for a peer view the device
+        /// that owns the memory. A device for which this is `false` may still be physically linked:
+        /// the link is opened by a grant ([`Mapping::grant_all`](crate::Mapping::grant_all),
+        /// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped)) or, for `cuMemAlloc` memory, by a
+        /// [`PeerAccess`](crate::PeerAccess) guard and [`DeviceBuffer::peer_slice`](crate::DeviceBuffer::peer_slice).
+        #[must_use]
+        pub fn reachable_from(&self, device: Device) -> bool {
+            device == self.context.device() || self.reach.iter().any(|c| c.device() == device)
+        }
     };
 }
 
 impl<'a, T: Pod> DeviceSlice<'a, T> {
     /// A view of `[ptr, ptr + len * size_of::<T>())`, which the caller guarantees is device memory
-    /// reachable from `context`'s device for `'a`.
+    /// reachable from `context`'s device, and from every device `reach` names, for `'a`.
     pub(crate) fn from_granted(
         ptr: sys::CUdeviceptr,
         len: usize,
         context: &'a Context,
+        reach: Reach<'a>,
     ) -> DeviceSlice<'a, T> {
         DeviceSlice {
             ptr,
             len,
             context,
+            reach,
             _data: PhantomData,
         }
     }
@@ -240,16 +289,18 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
 
 impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// A writable view; the caller guarantees exclusive, writable device memory reachable from
-    /// `context`'s device for `'a`.
+    /// `context`'s device, and from every device `reach` names, for `'a`.
     pub(crate) fn from_granted(
         ptr: sys::CUdeviceptr,
         len: usize,
         context: &'a Context,
+        reach: Reach<'a>,
     ) -> DeviceSliceMut<'a, T> {
         DeviceSliceMut {
             ptr,
             len,
             context,
+            reach,
             _data: PhantomData,
         }
     }
@@ -263,6 +314,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
             ptr: self.ptr,
             len: self.len,
             context: self.context,
+            reach: self.reach,
             _data: PhantomData,
         }
     }
@@ -280,6 +332,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
             ptr: offset::<T>(self.ptr, start),
             len: end - start,
             context: self.context,
+            reach: self.reach,
             _data: PhantomData,
         })
     }
@@ -330,30 +383,26 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     }
 
     /// `cuMemcpyDtoD` — copy `src`, which must have the same length and be reachable from this view's
-    /// device, into the view. Returns when the copy has finished.
+    /// device ([`src.reachable_from(self.device())`](DeviceSlice::reachable_from)), into the view, in
+    /// this view's context. Returns when the copy has finished.
+    ///
+    /// Between two devices this reads over the peer link: `src` is then a view of a VMM grant that
+    /// includes this view's device, or a view of memory this view's device owns. For views of two
+    /// devices that cannot reach each other, [`copy_between`](crate::copy_between) takes the staged path.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::DeviceMismatch`] where `src` belongs to
-    /// another device; the driver's error otherwise.
+    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where `src` is not
+    /// reachable from this view's device (checked before any driver call); the driver's error otherwise.
     #[doc(alias = "cuMemcpyDtoD")]
     pub fn copy_from_device(&mut self, src: &DeviceSlice<'_, T>) -> Result<(), Error> {
         check_len(self.len, src.len)?;
-        if src.device() != self.device() {
-            return Err(Error::DeviceMismatch {
-                expected: self.device().as_raw(),
-                found: src.device().as_raw(),
+        if !src.reachable_from(self.device()) {
+            return Err(Error::NoPeerAccess {
+                device: self.device().as_raw(),
+                owner: src.device().as_raw(),
             });
         }
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.context.bind_to_thread()?;
-        // SAFETY: both ranges are device memory reachable from the current context (same device, checked
-        // above). Their virtual ranges cannot overlap (`self` is exclusive, `src` shared); through aliases
-        // the physical memory may, which leaves unspecified bytes in device memory but touches no Rust
-        // memory. `wait_for_copy` makes the copy finished before either view can go away.
-        check(unsafe { sys::cuMemcpyDtoD_v2(self.ptr, src.ptr, self.len * size_of::<T>()) })?;
-        wait_for_copy()
+        copy_device_to_device(self.context, self.ptr, src.ptr, self.len * size_of::<T>())
     }
 
     /// `cuMemcpyDtoH` — copy the view into `dst`; see [`DeviceSlice::copy_to_host`].

@@ -244,47 +244,170 @@ fn overlapping_guards_and_already_enabled_are_not_errors() {
     }
 }
 
+/// Without access opened, a copy between two devices never reaches the driver's own staging: `Direct`
+/// is refused before any driver call (the destination keeps its bytes), `Auto` and `Staged` take this
+/// crate's staged path, and both give the source's bytes. For `cuMemAlloc` buffers and for a VMM view
+/// granted to its own device only.
 #[test]
-fn forced_staged_copy_equals_direct_copy_across_devices() {
-    let Some(gpus) = gpus_or_skip("forced_staged_copy_equals_direct_copy_across_devices", 2) else {
+fn cross_device_copies_without_access_are_staged_or_refused() {
+    let test = "cross_device_copies_without_access_are_staged_or_refused";
+    let Some(gpus) = gpus_or_skip(test, 2) else {
         return;
     };
     let len = (2 * STAGING_CHUNK_BYTES + 4 * 999) / 4;
-    for (i, (_, a)) in gpus.iter().enumerate() {
-        for (j, (_, b)) in gpus.iter().enumerate() {
+    for (i, (da, a)) in gpus.iter().enumerate() {
+        let input = pattern(len, i as u32);
+        let src = DeviceBuffer::from_host(a, &input).unwrap();
+        // The same bytes in VMM memory of `a`, granted to `a` alone.
+        let g = allocation_granularity(*da, Granularity::Minimum).unwrap();
+        let size = cuda_vmm::align_size(len * 4, g).unwrap();
+        let memory = PhysicalAllocation::new(*da, size).unwrap();
+        let mut reservation = VirtualReservation::new(size, 0).unwrap();
+        let mut region = reservation.region();
+        let mut mapping = region.map(&memory).unwrap();
+        let mut own = mapping.grant(a, ReadWrite).unwrap();
+        let (mut vmm, _) = own.slice_mut::<u32>().unwrap().split_at_mut(len).unwrap();
+        vmm.copy_from_host(&input).unwrap();
+        let vmm = vmm.as_slice();
+
+        for (j, (db, b)) in gpus.iter().enumerate() {
             if i == j {
                 continue;
             }
-            let input = pattern(len, (i * 8 + j) as u32);
-            let src = DeviceBuffer::from_host(a, &input).unwrap();
-            let mut direct = DeviceBuffer::<u32>::zeroed(b, len).unwrap();
-            let mut staged = DeviceBuffer::<u32>::zeroed(b, len).unwrap();
-            assert_eq!(
-                copy_between(&mut direct.as_mut_slice(), &src.as_slice(), Route::Direct).unwrap(),
-                CopyPath::Direct
-            );
-            assert_eq!(
-                copy_between(&mut staged.as_mut_slice(), &src.as_slice(), Route::Staged).unwrap(),
-                CopyPath::Staged
-            );
-            let (d, s) = (
-                direct.as_slice().to_vec().unwrap(),
-                staged.as_slice().to_vec().unwrap(),
-            );
-            assert!(d == s, "{i} -> {j}: staged bytes differ from direct bytes");
-            assert!(
-                d == input,
-                "{i} -> {j}: copied bytes differ from the source"
-            );
-            let auto =
-                copy_between(&mut direct.as_mut_slice(), &src.as_slice(), Route::Auto).unwrap();
-            let expected = if can_access_peer(b.device(), a.device()).unwrap().is_some() {
-                CopyPath::Direct
-            } else {
-                CopyPath::Staged
-            };
-            assert_eq!(auto, expected, "{i} -> {j}: Auto path");
+            for (kind, view) in [("buffer", src.as_slice()), ("VMM view", vmm)] {
+                assert!(!view.reachable_from(*db), "{i} -> {j} {kind}: reachable");
+                let mut dst = DeviceBuffer::<u32>::zeroed(b, len).unwrap();
+                let e = copy_between(&mut dst.as_mut_slice(), &view, Route::Direct).unwrap_err();
+                assert_eq!(
+                    e,
+                    Error::NoPeerAccess {
+                        device: db.as_raw(),
+                        owner: da.as_raw()
+                    },
+                    "{i} -> {j} {kind}: Direct without access"
+                );
+                assert!(
+                    dst.as_slice().to_vec().unwrap().iter().all(|&x| x == 0),
+                    "{i} -> {j} {kind}: a refused copy wrote"
+                );
+                let e = dst.as_mut_slice().copy_from_device(&view).unwrap_err();
+                assert!(matches!(e, Error::NoPeerAccess { .. }), "{e}");
+                for route in [Route::Auto, Route::Staged] {
+                    dst = DeviceBuffer::<u32>::zeroed(b, len).unwrap();
+                    let path = copy_between(&mut dst.as_mut_slice(), &view, route).unwrap();
+                    assert_eq!(path, CopyPath::Staged, "{i} -> {j} {kind}: {route:?}");
+                    assert!(
+                        dst.as_slice().to_vec().unwrap() == input,
+                        "{i} -> {j} {kind}: {route:?} copied other bytes"
+                    );
+                }
+            }
         }
+    }
+}
+
+/// A peer view under a guard opens `cuMemAlloc` memory to the other device: the copy takes the direct
+/// path, pulling (the destination's context reads the source) and pushing (the source's context
+/// writes the destination), and gives the source's bytes. Once the guard has ended, `Auto` stages.
+#[test]
+fn copy_under_a_guard_takes_the_link() {
+    let test = "copy_under_a_guard_takes_the_link";
+    let Some((gpus, pairs)) = linked_gpus_or_skip(test) else {
+        return;
+    };
+    let len = (STAGING_CHUNK_BYTES + 4 * 77) / 4;
+    for (i, j, _) in pairs {
+        // `i` can access `j`'s memory: copies from `j` into `i` (pull) and from `i` into `j` (push).
+        let ((di, ci), (dj, cj)) = (&gpus[i], &gpus[j]);
+        let input = pattern(len, (i * 8 + j) as u32);
+        let on_j = DeviceBuffer::from_host(cj, &input).unwrap();
+        let on_i = DeviceBuffer::from_host(ci, &input).unwrap();
+        let mut into_i = DeviceBuffer::<u32>::zeroed(ci, len).unwrap();
+        let mut into_j = DeviceBuffer::<u32>::zeroed(cj, len).unwrap();
+        {
+            let guard = PeerAccess::open(ci, cj).unwrap();
+            let pulled = on_j.peer_slice(&guard).unwrap();
+            assert!(pulled.reachable_from(*di) && pulled.reachable_from(*dj));
+            for route in [Route::Direct, Route::Auto] {
+                let path = copy_between(&mut into_i.as_mut_slice(), &pulled, route).unwrap();
+                assert_eq!(path, CopyPath::Direct, "pull {j} -> {i}, {route:?}");
+            }
+            assert!(
+                into_i.as_slice().to_vec().unwrap() == input,
+                "pull {j} -> {i}"
+            );
+
+            let mut pushed = into_j.peer_slice_mut(&guard).unwrap();
+            let path = copy_between(&mut pushed, &on_i.as_slice(), Route::Direct).unwrap();
+            assert_eq!(path, CopyPath::Direct, "push {i} -> {j}");
+            guard.disable().unwrap();
+        }
+        assert!(
+            into_j.as_slice().to_vec().unwrap() == input,
+            "push {i} -> {j}"
+        );
+        // The guard has ended: the plain views are not open to each other any more.
+        let path = copy_between(&mut into_i.as_mut_slice(), &on_j.as_slice(), Route::Auto).unwrap();
+        assert_eq!(path, CopyPath::Staged, "{j} -> {i} after the guard ended");
+    }
+}
+
+/// A VMM view granted to both devices is open to both: a copy into a buffer of the other device takes
+/// the direct path (the destination's context reads the grant), and so does a copy from a buffer into
+/// a granted view seen through the other device (the source's context writes the grant);
+/// `copy_from_device` across the two devices works too. Bytes are checked each time.
+#[test]
+fn copy_from_a_granted_vmm_view_takes_the_link() {
+    let test = "copy_from_a_granted_vmm_view_takes_the_link";
+    let Some((gpus, pairs)) = linked_gpus_or_skip(test) else {
+        return;
+    };
+    for (i, j, _) in pairs {
+        // VMM memory of `j`, granted to `j` and `i` (`i` can access `j`).
+        let ((di, ci), (dj, cj)) = (&gpus[i], &gpus[j]);
+        let g = allocation_granularity(*dj, Granularity::Minimum).unwrap();
+        let len = 2 * g / 4;
+        let input = pattern(len, (i * 8 + j + 1) as u32);
+        let memory = PhysicalAllocation::new(*dj, 2 * g).unwrap();
+        let mut reservation = VirtualReservation::new(2 * g, 0).unwrap();
+        let mut region = reservation.region();
+        let mut mapping = region.map(&memory).unwrap();
+        let contexts = [cj, ci];
+        let mut scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+        scoped
+            .slice_mut::<u32>()
+            .unwrap()
+            .copy_from_host(&input)
+            .unwrap();
+
+        let granted = scoped.slice::<u32>().unwrap();
+        assert_eq!(granted.device(), *dj);
+        assert!(granted.reachable_from(*di));
+        let mut into_i = DeviceBuffer::<u32>::zeroed(ci, len).unwrap();
+        let path = copy_between(&mut into_i.as_mut_slice(), &granted, Route::Direct).unwrap();
+        assert_eq!(path, CopyPath::Direct, "{j}'s VMM memory into {i}");
+        assert!(into_i.as_slice().to_vec().unwrap() == input, "{j} -> {i}");
+
+        let mut again = DeviceBuffer::<u32>::zeroed(ci, len).unwrap();
+        again.as_mut_slice().copy_from_device(&granted).unwrap();
+        assert!(
+            again.as_slice().to_vec().unwrap() == input,
+            "copy_from_device {j} -> {i}"
+        );
+
+        // Push: a buffer of `i` into the grant, seen through `j` (so the view's device is `j`): `i`'s
+        // context writes it.
+        let reversed: Vec<u32> = input.iter().rev().copied().collect();
+        let from_i = DeviceBuffer::from_host(ci, &reversed).unwrap();
+        let mut target = scoped.slice_mut::<u32>().unwrap();
+        assert_eq!(target.device(), *dj);
+        let path = copy_between(&mut target, &from_i.as_slice(), Route::Auto).unwrap();
+        assert_eq!(path, CopyPath::Direct, "{i}'s buffer into the grant");
+        assert!(
+            target.to_vec().unwrap() == reversed,
+            "{i} -> {j}'s VMM memory"
+        );
+        scoped.revoke().unwrap();
     }
 }
 

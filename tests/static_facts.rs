@@ -69,10 +69,15 @@ assert_eq_size!(Device, i32);
 assert_eq_size!(DriverError, u32);
 assert_eq_size!(Option<DriverError>, u32);
 assert_eq_size!(cuda_vmm::Result<()>, u32);
-// A context is its handle plus its device; a view is the address, length and the context copies use.
+// A context is its handle plus its device. A view is the address, length and the context copies use,
+// plus the other contexts whose devices reach its memory (a slice reference: the grant's list, the
+// owner of a peer view's memory, or none), which copies between devices read to choose their path.
 assert_eq_size!(Context, (usize, i32));
-assert_eq_size!(DeviceSlice<'static, u32>, (u64, usize, usize));
-assert_eq_size!(DeviceSliceMut<'static, u32>, (u64, usize, usize));
+assert_eq_size!(DeviceSlice<'static, u32>, (u64, usize, usize, &[&Context]));
+assert_eq_size!(
+    DeviceSliceMut<'static, u32>,
+    (u64, usize, usize, &[&Context])
+);
 // A peer-access guard is its two contexts' addresses; a link is its two device ordinals.
 assert_eq_size!(PeerAccess<'static>, (usize, usize));
 assert_eq_size!(PeerLink, (i32, i32));

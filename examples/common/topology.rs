@@ -4,11 +4,11 @@
 //! Written for any number of devices: every table has one row per device or per ordered pair.
 
 use cuda_vmm::{
-    Device, Error, Granularity, P2PAttributes, Route, allocation_granularity, can_access_peer,
+    Device, Error, Granularity, P2PAttributes, allocation_granularity, can_access_peer,
     p2p_attributes,
 };
 
-/// Prints the per-device table and, with two or more devices, the peer-access matrix, the copy-path
+/// Prints the per-device table and, with two or more devices, the peer-access matrix, a line on
 /// matrix and the P2P attributes of every ordered pair.
 ///
 /// # Errors
@@ -40,15 +40,11 @@ pub(crate) fn print(devices: &[Device]) -> Result<(), Error> {
         devices,
         |i, j| yes_no(links[i][j]).to_owned(),
     );
-    print_matrix(
-        "copy path Route::Auto takes for a copy from the row's GPU (source) to the column's GPU (destination)",
-        "Direct (one cuMemcpyPeer) where the destination can access the source, else Staged (pinned host memory)",
-        devices,
-        |src, dst| {
-            Route::Auto
-                .path(devices[dst], devices[src])
-                .map_or_else(|e| e.to_string(), |path| format!("{path:?}"))
-        },
+    println!(
+        "\n  copy_between with Route::Auto goes direct (one cuMemcpyDtoD over the link) only where the \
+         source view is open to the destination's GPU (a VMM grant naming it, or a peer view under a \
+         PeerAccess guard), which needs a 'yes' above; everywhere else it stages through pinned host \
+         memory."
     );
     print_pairs(devices, &links)
 }
