@@ -62,10 +62,13 @@
 //! | a peer-access guard does not outlive its contexts | peer access to a released context | `peer/guard_outlives_context` |
 //! | peer memory is not used after its access ends | use of peer memory after `cuCtxDisablePeerAccess` | `peer/peer_view_after_guard_ended`, `peer/guard_disabled_while_view_lives` |
 //! | a scoped grant does not outlive its mapping, nor its views the grant | use after unmap or revoke | `peer/scoped_grant_outlives_mapping`, `peer/scoped_view_outlives_grant` |
+//! | the access a direct copy between devices relies on lives as long as the view that carries it | a copy over the link after access ended | `peer/direct_copy_source_outlives_grant` |
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
-//! apart.
+//! apart. For the same reason a direct copy between two devices checks at run time that one of them
+//! reaches the other view's memory ([`DeviceSlice::reachable_from`]), and is refused with
+//! [`Error::NoPeerAccess`] before any driver call where neither does.
 //!
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
@@ -74,9 +77,11 @@
 //! # Several GPUs
 //! Context peer access ([`PeerAccess`], for [`DeviceBuffer`] memory) and VMM grants
 //! ([`Mapping::grant_all`], [`Mapping::grant_scoped`]) are separate driver mechanisms; neither opens
-//! the other's memory. [`can_access_peer`] answers with the [`PeerLink`] that enabling requires, and
-//! [`copy_between`] copies across devices directly or, where they cannot reach each other, through
-//! pinned host memory.
+//! the other's memory. [`can_access_peer`] answers with the [`PeerLink`] that enabling requires
+//! ([`PeerAccess::open`] asks and enables in one call), and [`copy_between`] copies across devices
+//! directly over the link where one reaches the other's memory (a grant naming it, or a peer view
+//! under a guard) or, everywhere else, through pinned host memory: never through the driver's own,
+//! far slower staging.
 //!
 //! # Driver values
 //! Driver results are integers wrapped in [`DriverError`], never Rust enums: a driver newer than any
