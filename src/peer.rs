@@ -11,6 +11,8 @@
 
 use core::ffi::c_int;
 use core::fmt;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::{Mutex, PoisonError};
 
 use crate::device::{Context, Device};
@@ -122,40 +124,42 @@ struct Held {
 /// Live guards per direction, each with what it holds: the bookkeeping behind overlapping guards, free
 /// of driver calls.
 #[derive(Debug)]
-struct GuardCounts<H>(Vec<(Pair, usize, H)>);
+struct GuardCounts<H>(BTreeMap<Pair, (usize, H)>);
 
 impl<H> GuardCounts<H> {
     const fn new() -> GuardCounts<H> {
-        GuardCounts(Vec::new())
+        GuardCounts(BTreeMap::new())
     }
 
     /// Whether `pair` has a live guard (its direction is enabled).
     #[cfg(test)]
     fn is_enabled(&self, pair: Pair) -> bool {
-        self.0.iter().any(|e| e.0 == pair)
+        self.0.contains_key(&pair)
     }
 
     /// Records a new guard of `pair` and returns the direction's hold: the one it has where it has
     /// live guards already, else one made by `hold` (where that fails, nothing is recorded).
     fn add<E>(&mut self, pair: Pair, hold: impl FnOnce() -> Result<H, E>) -> Result<&mut H, E> {
-        let i = if let Some(i) = self.0.iter().position(|e| e.0 == pair) {
-            self.0[i].1 += 1;
-            i
-        } else {
-            self.0.push((pair, 1, hold()?));
-            self.0.len() - 1
+        let entry = match self.0.entry(pair) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry.insert((0, hold()?)),
         };
-        Ok(&mut self.0[i].2)
+        // A count of live guards cannot overflow: each guard is a value in memory.
+        entry.0 += 1;
+        Ok(&mut entry.1)
     }
 
     /// Ends one guard of `pair`; its hold where it was the last, so the direction is to be disabled.
     fn remove(&mut self, pair: Pair) -> Option<H> {
-        let i = self.0.iter().position(|e| e.0 == pair)?;
-        self.0[i].1 -= 1;
-        if self.0[i].1 > 0 {
+        let Entry::Occupied(mut entry) = self.0.entry(pair) else {
+            return None;
+        };
+        let count = &mut entry.get_mut().0;
+        *count = count.saturating_sub(1);
+        if *count > 0 {
             return None;
         }
-        Some(self.0.swap_remove(i).2)
+        Some(entry.remove().1)
     }
 }
 

@@ -360,33 +360,34 @@ fn staged(
     let down = Stream::new(src_ctx)?;
     let up = Stream::new(dst_ctx)?;
 
+    // The two buffers take turns, each with the event of its download and of its upload.
+    let mut slots = buffers.iter().zip(&down_done).zip(&up_done).cycle();
     let mut offset = 0usize;
-    let mut i = 0usize;
+    let mut chunks = 0usize;
     while offset < bytes {
+        // `cycle` over two slots never ends.
+        let Some(((buffer, downloaded), uploaded)) = slots.next() else {
+            break;
+        };
         let n = chunk.min(bytes - offset);
-        let b = i % 2;
-        if i >= 2 {
-            // Buffer `b` was last read by chunk `i - 2`'s upload.
-            up_done[b].synchronize()?;
+        if chunks >= 2 {
+            // This buffer was last read by the upload of the chunk two before this one.
+            uploaded.synchronize()?;
         }
         src_ctx.bind_to_thread()?;
-        // SAFETY: `buffers[b]` is `chunk >= n` writable pinned bytes no queued work uses (checked just
+        // SAFETY: `buffer` is `chunk >= n` writable pinned bytes no queued work uses (checked just
         // above); `src + offset` is `n` bytes of device memory reachable from the current context.
-        check(unsafe {
-            sys::cuMemcpyDtoHAsync_v2(buffers[b].ptr, src + offset as u64, n, down.raw)
-        })?;
-        down_done[b].record(&down)?;
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(buffer.ptr, src + offset as u64, n, down.raw) })?;
+        downloaded.record(&down)?;
         dst_ctx.bind_to_thread()?;
         // SAFETY: a live stream and event; the event may belong to another context.
-        check(unsafe { sys::cuStreamWaitEvent(up.raw, down_done[b].raw, 0) })?;
-        // SAFETY: the upload waits (above) for the download into `buffers[b]`; `dst + offset` is `n`
+        check(unsafe { sys::cuStreamWaitEvent(up.raw, downloaded.raw, 0) })?;
+        // SAFETY: the upload waits (above) for the download into `buffer`; `dst + offset` is `n`
         // bytes of exclusive device memory reachable from the current context.
-        check(unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst + offset as u64, buffers[b].ptr, n, up.raw)
-        })?;
-        up_done[b].record(&up)?;
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst + offset as u64, buffer.ptr, n, up.raw) })?;
+        uploaded.record(&up)?;
         offset += n;
-        i += 1;
+        chunks += 1;
     }
     down.synchronize()?;
     up.synchronize()?;
