@@ -48,14 +48,18 @@ impl<'ctx> Module<'ctx> {
         self.context.device()
     }
 
-    /// `cuModuleGetFunction` — the kernel named `name`.
+    /// `cuModuleGetFunction` — the kernel named `name`, looked up with the module's context current
+    /// (bound first, as for every call on the module).
     ///
     /// # Errors
-    /// `CUDA_ERROR_NOT_FOUND` where the module has no such kernel.
+    /// `CUDA_ERROR_NOT_FOUND` where the module has no such kernel; the driver's error where the
+    /// module's context cannot be made current.
     #[doc(alias = "cuModuleGetFunction")]
     pub fn function(&self, name: &CStr) -> Result<Function<'_>> {
+        self.context.bind_to_thread()?;
         let mut raw: sys::CUfunction = ptr::null_mut();
-        // SAFETY: `raw` is writable; `self.raw` is a loaded module; `name` is NUL-terminated.
+        // SAFETY: `raw` is writable; `self.raw` is a module loaded in `self.context`, which is current
+        // (bound just above); `name` is NUL-terminated and alive for the call.
         check(unsafe { sys::cuModuleGetFunction(&raw mut raw, self.raw, name.as_ptr()) })?;
         Ok(Function {
             raw,
