@@ -460,6 +460,16 @@ pub enum Error {
         /// What the argument is, such as `"device ordinal"`.
         what: &'static str,
     },
+    /// Text given as PTX holds a byte that PTX text never has: the safe loader
+    /// ([`Module::load_ptx`](crate::Module::load_ptx)) accepts only tab, LF, CR and printable ASCII
+    /// (`0x20..=0x7E`), so that no binary image reaches the driver, which would read it as far as
+    /// its headers say rather than to the terminating NUL.
+    NotPtxText {
+        /// The offset of the first refused byte.
+        offset: usize,
+        /// The refused byte.
+        byte: u8,
+    },
 }
 
 impl Error {
@@ -522,6 +532,11 @@ impl fmt::Display for Error {
             Error::InvalidArgument { what } => {
                 write!(f, "{what} cannot be represented by the driver")
             }
+            Error::NotPtxText { offset, byte } => write!(
+                f,
+                "byte {byte:#04x} at offset {offset} is not PTX text \
+                 (only tab, LF, CR and printable ASCII are loaded)"
+            ),
         }
     }
 }
@@ -671,6 +686,10 @@ mod tests {
             Error::InvalidArgument {
                 what: "device ordinal",
             },
+            Error::NotPtxText {
+                offset: 1,
+                byte: 0xed,
+            },
         ];
         for error in &errors {
             assert!(!error.to_string().is_empty(), "{error:?}");
@@ -678,6 +697,10 @@ mod tests {
         assert_eq!(
             errors[1].to_string(),
             "size 4096 is not a multiple of the allocation granularity 2097152"
+        );
+        assert_eq!(
+            errors[9].to_string(),
+            "byte 0xed at offset 1 is not PTX text (only tab, LF, CR and printable ASCII are loaded)"
         );
 
         let driver = &errors[0];
