@@ -57,7 +57,8 @@ impl<'ctx> Module<'ctx> {
     /// NUL: a `&CStr` starting like a fatbin header made the driver read past its end (a `SIGSEGV`,
     /// measured on an H200). Each of those magics holds a byte that is not text, so the driver can
     /// only take checked text for PTX, which it reads to the NUL. Text with other bytes, such as
-    /// UTF-8 in a comment or a `.file` path, is refused too: remove them first.
+    /// UTF-8 in a comment or a `.file` path, is refused too: remove them first. Binary images can be
+    /// loaded only through the `unsafe` [`load_image`](Module::load_image).
     ///
     /// Text shorter than 16 bytes (with its NUL) is copied into a NUL-padded 16-byte buffer first: a
     /// precaution, since how many bytes the driver reads to recognise an image is not documented.
@@ -86,6 +87,38 @@ impl<'ctx> Module<'ctx> {
         // and readable for at least `MIN_IMAGE_BYTES`: every binary image's magic holds a byte that is
         // not text, so the driver reads it as PTX, up to the NUL. A context is current (bound above).
         check(unsafe { sys::cuModuleLoadData(&raw mut raw, image.cast::<c_void>()) })?;
+        Ok(Module { raw, context })
+    }
+
+    /// `cuModuleLoadData` — load a device code image of any kind the driver takes (PTX text, a cubin
+    /// or a fatbin) into `context`, unchecked.
+    ///
+    /// For PTX prefer [`load_ptx`](Module::load_ptx), which checks the text and needs no `unsafe`.
+    ///
+    /// # Errors
+    /// The driver's error, e.g. [`DriverError::INVALID_IMAGE`](crate::DriverError::INVALID_IMAGE) for
+    /// an image it cannot read, or
+    /// [`DriverError::NO_BINARY_FOR_GPU`](crate::DriverError::NO_BINARY_FOR_GPU) where none of a
+    /// fatbin's images suits the device.
+    ///
+    /// # Safety
+    /// `image` must point to one whole image, readable and unchanged until the call returns for every
+    /// byte the driver reads of it:
+    /// - PTX text: up to and including its terminating NUL, and at least 16 bytes in all (how far the
+    ///   driver reads to recognise a binary header is not documented);
+    /// - a cubin (ELF) or a fatbin: every byte its headers say it spans. The driver trusts the sizes in
+    ///   them: a header that claims more than there is makes it read past the end (a `SIGSEGV`,
+    ///   measured on an H200), so load only images made whole by NVIDIA's tools.
+    #[doc(alias = "cuModuleLoadData")]
+    pub unsafe fn load_image(
+        context: &'ctx Context,
+        image: *const c_void,
+    ) -> Result<Module<'ctx>, Error> {
+        context.bind_to_thread()?;
+        let mut raw: sys::CUmodule = ptr::null_mut();
+        // SAFETY: `raw` is writable; the caller guarantees `image` for every byte the driver reads; a
+        // context is current (bound just above).
+        check(unsafe { sys::cuModuleLoadData(&raw mut raw, image) })?;
         Ok(Module { raw, context })
     }
 

@@ -115,3 +115,16 @@ fn binary_images_are_refused_before_the_driver() {
     let expected: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
     assert_eq!(dst.as_slice().to_vec().unwrap(), expected);
 }
+
+#[test]
+fn load_image_takes_what_load_ptx_takes() {
+    let Some((_device, ctx)) = gpu_or_skip("load_image_takes_what_load_ptx_takes") else {
+        return;
+    };
+    let ptx = common::add_one_ptx();
+    // SAFETY: `ptx` is whole NUL-terminated PTX text (far longer than 16 bytes), alive and unchanged
+    // for the call.
+    let module = unsafe { Module::load_image(&ctx, ptx.as_ptr().cast::<c_void>()) }.unwrap();
+    module.function(c"add_one").unwrap();
+    assert_eq!(module.device(), ctx.device());
+}
