@@ -283,8 +283,45 @@ impl<M: AccessMode> Drop for ScopedAccess<'_, M> {
 }
 
 /// How many `T`s fill `bytes` exactly.
+///
+/// A zero-sized `T` is refused twice. At compile time, by a `const` assertion evaluated where a view
+/// of that `T` is compiled to machine code ([`Access::slice`] and friends); `cargo check` does not
+/// evaluate it:
+///
+/// ```compile_fail,E0080
+/// # use cuda_vmm::{Context, Device, PhysicalAllocation, ReadOnly, VirtualReservation};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let device = Device::get(0)?;
+/// # let context = Context::new(device)?;
+/// # let memory = PhysicalAllocation::new(device, 2 << 20)?;
+/// # let mut reservation = VirtualReservation::new(2 << 20, 0)?;
+/// # let mut region = reservation.region();
+/// # let mut mapping = region.map(&memory)?;
+/// let access = mapping.grant(&context, ReadOnly)?;
+/// let units = access.slice::<()>()?; // does not build
+/// # Ok(())
+/// # }
+/// ```
+///
+/// And at run time by [`element_count`], the check that holds wherever the assertion is not
+/// evaluated.
 pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
-    let element_size = size_of::<T>();
+    const {
+        assert!(
+            size_of::<T>() != 0,
+            "a view of a zero-sized type: it would cover no memory"
+        );
+    }
+    element_count(bytes, size_of::<T>())
+}
+
+/// How many elements of `element_size` bytes fill `bytes` exactly; the run-time half of [`elements`],
+/// without its compile-time assertion, so that a zero `element_size` can be tested.
+///
+/// # Errors
+/// [`Error::NotWholeElements`] where `bytes` is not a whole number of elements, and for a zero
+/// `element_size`.
+fn element_count(bytes: usize, element_size: usize) -> Result<usize, Error> {
     if element_size == 0 || !bytes.is_multiple_of(element_size) {
         return Err(Error::NotWholeElements {
             bytes,
@@ -296,7 +333,7 @@ pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::elements;
+    use super::{element_count, elements};
     use crate::Error;
     use proptest::prelude::*;
 
@@ -314,12 +351,15 @@ mod tests {
 
     #[test]
     fn zero_sized_elements_are_refused() {
-        assert_eq!(
-            elements::<()>(0),
-            Err(Error::NotWholeElements {
-                bytes: 0,
-                element_size: 0
-            })
-        );
+        // `elements::<()>` does not build (its const assertion); the run-time check behind it:
+        for bytes in [0, 1, 4096, usize::MAX] {
+            assert_eq!(
+                element_count(bytes, 0),
+                Err(Error::NotWholeElements {
+                    bytes,
+                    element_size: 0
+                })
+            );
+        }
     }
 }
