@@ -470,6 +470,18 @@ pub enum Error {
         /// The refused byte.
         byte: u8,
     },
+    /// The driver refused an operation, and undoing the part of it that had been done was refused
+    /// too: the clean state the operation promises on error could not be restored. The operation's
+    /// documentation says what is left (for example a front of a region taken out of use, or a device
+    /// that may keep access to a mapping). [`Error::driver`] returns `None`; both errors are here.
+    CleanupFailed {
+        /// The driver's refusal of the operation itself.
+        error: DriverError,
+        /// The driver's refusal of the undo.
+        cleanup: DriverError,
+        /// What was being undone, such as `"mapping"` or `"grant"`.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -536,6 +548,14 @@ impl fmt::Display for Error {
                 f,
                 "byte {byte:#04x} at offset {offset} is not PTX text \
                  (only tab, LF, CR and printable ASCII are loaded)"
+            ),
+            Error::CleanupFailed {
+                error,
+                cleanup,
+                what,
+            } => write!(
+                f,
+                "{error}; undoing the partial {what} failed too: {cleanup}"
             ),
         }
     }
@@ -690,6 +710,11 @@ mod tests {
                 offset: 1,
                 byte: 0xed,
             },
+            Error::CleanupFailed {
+                error: DriverError::OUT_OF_MEMORY,
+                cleanup: DriverError::INVALID_VALUE,
+                what: "mapping",
+            },
         ];
         for error in &errors {
             assert!(!error.to_string().is_empty(), "{error:?}");
@@ -701,6 +726,11 @@ mod tests {
         assert_eq!(
             errors[9].to_string(),
             "byte 0xed at offset 1 is not PTX text (only tab, LF, CR and printable ASCII are loaded)"
+        );
+        assert_eq!(
+            errors[10].to_string(),
+            "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory; undoing the partial mapping failed too: \
+             CUDA_ERROR_INVALID_VALUE (1): invalid argument"
         );
 
         let driver = &errors[0];
