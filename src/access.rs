@@ -16,6 +16,10 @@ mod sealed {
 
 /// The protection a grant gives: [`ReadWrite`] or [`ReadOnly`]. Sealed: the driver has no other mode a
 /// view could use.
+///
+/// A mode protects the address range of one mapping, not the physical memory behind it: another
+/// mapping of the same allocation (an alias) is granted on its own, in its own mode (see
+/// [`ReadOnly`]).
 pub trait AccessMode: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static {
     /// The `CUmemAccess_flags` value.
     #[doc(hidden)]
@@ -30,6 +34,13 @@ pub trait AccessMode: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static
 pub struct ReadWrite;
 
 /// Read-only access (`CU_MEM_ACCESS_FLAGS_PROT_READ`): views have no write methods.
+///
+/// Read-only protects an address range, not bytes. The same physical allocation may also be mapped
+/// at another address (an alias: [`Region::map`](crate::Region::map) borrows the allocation shared)
+/// and granted [`ReadWrite`] there; writes through that alias, or by a kernel given its address,
+/// change what a read-only view of this range reads. A read-only view promises that nothing writes
+/// *through it*, not that its bytes stay the same; where they must, keep the allocation mapped only
+/// once, or order the writes yourself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ReadOnly;
 
