@@ -16,6 +16,10 @@ mod sealed {
 
 /// The protection a grant gives: [`ReadWrite`] or [`ReadOnly`]. Sealed: the driver has no other mode a
 /// view could use.
+///
+/// A mode protects the address range of one mapping, not the physical memory behind it: another
+/// mapping of the same allocation (an alias) is granted on its own, in its own mode (see
+/// [`ReadOnly`]).
 pub trait AccessMode: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static {
     /// The `CUmemAccess_flags` value.
     #[doc(hidden)]
@@ -30,6 +34,13 @@ pub trait AccessMode: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static
 pub struct ReadWrite;
 
 /// Read-only access (`CU_MEM_ACCESS_FLAGS_PROT_READ`): views have no write methods.
+///
+/// Read-only protects an address range, not bytes. The same physical allocation may also be mapped
+/// at another address (an alias: [`Region::map`](crate::Region::map) borrows the allocation shared)
+/// and granted [`ReadWrite`] there; writes through that alias, or by a kernel given its address,
+/// change what a read-only view of this range reads. A read-only view promises that nothing writes
+/// *through it*, not that its bytes stay the same; where they must, keep the allocation mapped only
+/// once, or order the writes yourself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ReadOnly;
 
@@ -302,8 +313,45 @@ impl<M: AccessMode> Drop for ScopedAccess<'_, M> {
 }
 
 /// How many `T`s fill `bytes` exactly.
+///
+/// A zero-sized `T` is refused twice. At compile time, by a `const` assertion evaluated where a view
+/// of that `T` is compiled to machine code ([`Access::slice`] and friends); `cargo check` does not
+/// evaluate it:
+///
+/// ```compile_fail,E0080
+/// # use cuda_vmm::{Context, Device, PhysicalAllocation, ReadOnly, VirtualReservation};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let device = Device::get(0)?;
+/// # let context = Context::new(device)?;
+/// # let memory = PhysicalAllocation::new(device, 2 << 20)?;
+/// # let mut reservation = VirtualReservation::new(2 << 20, 0)?;
+/// # let mut region = reservation.region();
+/// # let mut mapping = region.map(&memory)?;
+/// let access = mapping.grant(&context, ReadOnly)?;
+/// let units = access.slice::<()>()?; // does not build
+/// # Ok(())
+/// # }
+/// ```
+///
+/// And at run time by [`element_count`], the check that holds wherever the assertion is not
+/// evaluated.
 pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
-    let element_size = size_of::<T>();
+    const {
+        assert!(
+            size_of::<T>() != 0,
+            "a view of a zero-sized type: it would cover no memory"
+        );
+    }
+    element_count(bytes, size_of::<T>())
+}
+
+/// How many elements of `element_size` bytes fill `bytes` exactly; the run-time half of [`elements`],
+/// without its compile-time assertion, so that a zero `element_size` can be tested.
+///
+/// # Errors
+/// [`Error::NotWholeElements`] where `bytes` is not a whole number of elements, and for a zero
+/// `element_size`.
+fn element_count(bytes: usize, element_size: usize) -> Result<usize, Error> {
     if element_size == 0 || !bytes.is_multiple_of(element_size) {
         return Err(Error::NotWholeElements {
             bytes,
@@ -315,7 +363,7 @@ pub(crate) fn elements<T>(bytes: usize) -> Result<usize, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::elements;
+    use super::{element_count, elements};
     use crate::Error;
     use proptest::prelude::*;
 
@@ -333,12 +381,15 @@ mod tests {
 
     #[test]
     fn zero_sized_elements_are_refused() {
-        assert_eq!(
-            elements::<()>(0),
-            Err(Error::NotWholeElements {
-                bytes: 0,
-                element_size: 0
-            })
-        );
+        // `elements::<()>` does not build (its const assertion); the run-time check behind it:
+        for bytes in [0, 1, 4096, usize::MAX] {
+            assert_eq!(
+                element_count(bytes, 0),
+                Err(Error::NotWholeElements {
+                    bytes,
+                    element_size: 0
+                })
+            );
+        }
     }
 }

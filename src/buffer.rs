@@ -20,6 +20,21 @@ use crate::view::{DeviceSlice, DeviceSliceMut};
 /// # Lifetimes
 /// `'ctx` is the borrow of the context the memory was allocated in; it stays retained while the buffer
 /// lives.
+///
+/// # Zero-sized types
+/// A zero-sized `T` has no device memory to hold, and every length of it would be zero bytes at
+/// address 0. [`zeroed`](DeviceBuffer::zeroed) and [`from_host`](DeviceBuffer::from_host) refuse it
+/// when the program is built (a `const` assertion, evaluated where the constructor is compiled for
+/// that `T`, so `cargo check` does not report it), and again at run time, before any driver call,
+/// with [`Error::ZeroSize`]:
+///
+/// ```compile_fail,E0080
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let context = cuda_vmm::Context::new(cuda_vmm::Device::get(0)?)?;
+/// let units = cuda_vmm::DeviceBuffer::<()>::zeroed(&context, 1)?; // does not build
+/// # Ok(())
+/// # }
+/// ```
 pub struct DeviceBuffer<'ctx, T: Pod> {
     ptr: sys::CUdeviceptr,
     len: usize,
@@ -42,11 +57,20 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     /// `cuMemAlloc` + `cuMemsetD8` — allocate `len` values of `T` on `context`'s device, zero-filled
     /// (all-zero bytes are a valid `T`: `Pod` implies `Zeroable`).
     ///
+    /// A zero-sized `T` does not build (see [Zero-sized types](DeviceBuffer#zero-sized-types)).
+    ///
     /// # Errors
-    /// [`Error::Overflow`] where the byte size overflows; the driver's error otherwise (e.g.
+    /// [`Error::Overflow`] where the byte size overflows; [`Error::ZeroSize`] for a zero-sized `T`
+    /// (the run-time check behind the build-time one); the driver's error otherwise (e.g.
     /// [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY)).
     #[doc(alias = "cuMemAlloc")]
     pub fn zeroed(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
+        const {
+            assert!(
+                size_of::<T>() != 0,
+                "DeviceBuffer of a zero-sized type: it would hold no memory"
+            );
+        }
         let buffer = DeviceBuffer::uninit_zeroable(context, len)?;
         if buffer.ptr != 0 {
             // `uninit_zeroable` left `context` current.
@@ -61,10 +85,18 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
 
     /// `cuMemAlloc` + `cuMemcpyHtoD` — a buffer holding a copy of `data`.
     ///
+    /// A zero-sized `T` does not build (see [Zero-sized types](DeviceBuffer#zero-sized-types)).
+    ///
     /// # Errors
     /// As [`DeviceBuffer::zeroed`].
     #[doc(alias = "cuMemAlloc")]
     pub fn from_host(context: &'ctx Context, data: &[T]) -> Result<DeviceBuffer<'ctx, T>, Error> {
+        const {
+            assert!(
+                size_of::<T>() != 0,
+                "DeviceBuffer of a zero-sized type: it would hold no memory"
+            );
+        }
         let mut buffer = DeviceBuffer::uninit_zeroable(context, data.len())?;
         buffer.as_mut_slice().copy_from_host(data)?;
         Ok(buffer)
@@ -72,10 +104,11 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
 
     /// Allocates without initialising. The bytes are unspecified but any bytes are a valid `T` (`Pod`),
     /// and device memory is never read as Rust memory without a copy.
+    ///
+    /// # Errors
+    /// As [`byte_size`], before any driver call; the driver's error otherwise.
     fn uninit_zeroable(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
-        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::Overflow {
-            what: "buffer size",
-        })?;
+        let bytes = byte_size::<T>(len)?;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
             context.bind_to_thread()?;
@@ -194,10 +227,77 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     }
 }
 
+/// The size in bytes of `len` values of `T`, for a buffer.
+///
+/// A zero-sized `T` is refused here, at run time, although the public constructors also refuse it at
+/// compile time: their `const` assertion is evaluated only where they are compiled to machine code for
+/// that `T` (not by `cargo check`, nor for a constructor added later without it), so this is the check
+/// the buffer's soundness rests on. Without it, any `len` would be zero bytes: a buffer of `usize::MAX`
+/// elements at address 0, whose copies the driver answers with success.
+///
+/// # Errors
+/// [`Error::ZeroSize`] for a zero-sized `T`; [`Error::Overflow`] where the size does not fit `usize`.
+fn byte_size<T>(len: usize) -> Result<usize, Error> {
+    if size_of::<T>() == 0 {
+        return Err(Error::ZeroSize {
+            what: "element size",
+        });
+    }
+    len.checked_mul(size_of::<T>()).ok_or(Error::Overflow {
+        what: "buffer size",
+    })
+}
+
 impl<T: Pod> Drop for DeviceBuffer<'_, T> {
     fn drop(&mut self) {
         // The error is ignored: `drop` cannot return it, and memory the driver refuses to free cannot be
         // freed later. Call `free` to see it.
         let _ = self.free_raw();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_size;
+    use crate::Error;
+
+    #[test]
+    fn zero_sized_elements_are_refused() {
+        for len in [0, 1, usize::MAX] {
+            assert_eq!(
+                byte_size::<()>(len),
+                Err(Error::ZeroSize {
+                    what: "element size"
+                })
+            );
+            assert_eq!(
+                byte_size::<[u32; 0]>(len),
+                Err(Error::ZeroSize {
+                    what: "element size"
+                })
+            );
+        }
+        assert_eq!(
+            Error::ZeroSize {
+                what: "element size"
+            }
+            .to_string(),
+            "element size must not be zero"
+        );
+    }
+
+    #[test]
+    fn byte_sizes_are_exact_or_overflow() {
+        assert_eq!(byte_size::<u8>(0), Ok(0));
+        assert_eq!(byte_size::<u32>(0), Ok(0));
+        assert_eq!(byte_size::<u32>(3), Ok(12));
+        assert_eq!(byte_size::<u8>(usize::MAX), Ok(usize::MAX));
+        assert_eq!(byte_size::<u16>(usize::MAX / 2), Ok(usize::MAX - 1));
+        assert_eq!(
+            byte_size::<u16>(usize::MAX / 2 + 1),
+            Err(Error::Overflow {
+                what: "buffer size"
+            })
+        );
     }
 }

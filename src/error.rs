@@ -479,6 +479,28 @@ pub enum Error {
         /// What the argument is, such as `"device ordinal"`.
         what: &'static str,
     },
+    /// Text given as PTX holds a byte that PTX text never has: the safe loader
+    /// ([`Module::load_ptx`](crate::Module::load_ptx)) accepts only tab, LF, CR and printable ASCII
+    /// (`0x20..=0x7E`), so that no binary image reaches the driver, which would read it as far as
+    /// its headers say rather than to the terminating NUL.
+    NotPtxText {
+        /// The offset of the first refused byte.
+        offset: usize,
+        /// The refused byte.
+        byte: u8,
+    },
+    /// The driver refused an operation, and undoing the part of it that had been done was refused
+    /// too: the clean state the operation promises on error could not be restored. The operation's
+    /// documentation says what is left (for example a front of a region taken out of use, or a device
+    /// that may keep access to a mapping). [`Error::driver`] returns `None`; both errors are here.
+    CleanupFailed {
+        /// The driver's refusal of the operation itself.
+        error: DriverError,
+        /// The driver's refusal of the undo.
+        cleanup: DriverError,
+        /// What was being undone, such as `"mapping"` or `"grant"`.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -550,6 +572,19 @@ impl fmt::Display for Error {
             Error::InvalidArgument { what } => {
                 write!(f, "{what} cannot be represented by the driver")
             }
+            Error::NotPtxText { offset, byte } => write!(
+                f,
+                "byte {byte:#04x} at offset {offset} is not PTX text \
+                 (only tab, LF, CR and printable ASCII are loaded)"
+            ),
+            Error::CleanupFailed {
+                error,
+                cleanup,
+                what,
+            } => write!(
+                f,
+                "{error}; undoing the partial {what} failed too: {cleanup}"
+            ),
         }
     }
 }
@@ -699,6 +734,15 @@ mod tests {
             Error::InvalidArgument {
                 what: "device ordinal",
             },
+            Error::NotPtxText {
+                offset: 1,
+                byte: 0xed,
+            },
+            Error::CleanupFailed {
+                error: DriverError::OUT_OF_MEMORY,
+                cleanup: DriverError::INVALID_VALUE,
+                what: "mapping",
+            },
         ];
         for error in &errors {
             assert!(!error.to_string().is_empty(), "{error:?}");
@@ -706,6 +750,15 @@ mod tests {
         assert_eq!(
             errors[1].to_string(),
             "size 4096 is not a multiple of the allocation granularity 2097152"
+        );
+        assert_eq!(
+            errors[9].to_string(),
+            "byte 0xed at offset 1 is not PTX text (only tab, LF, CR and printable ASCII are loaded)"
+        );
+        assert_eq!(
+            errors[10].to_string(),
+            "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory; undoing the partial mapping failed too: \
+             CUDA_ERROR_INVALID_VALUE (1): invalid argument"
         );
 
         let driver = &errors[0];

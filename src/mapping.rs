@@ -76,16 +76,19 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// [`grant_scoped`](Mapping::grant_scoped) that names the device.
     ///
     /// # Errors
-    /// The driver's error. Then no `Access` exists, so nothing can use the mapping, and every listed
-    /// device is set back to no access, so nothing is left half granted. Where access cannot be set
-    /// up, unmap the mapping and take another path (for a copy between devices:
-    /// [`Route::Staged`](crate::Route::Staged)).
+    /// The driver's error ([`Error::Driver`]). Then no `Access` exists, so nothing can use the mapping,
+    /// and every listed device is set back to no access, so nothing is left half granted. Where setting
+    /// a device back is refused too, the error is [`Error::CleanupFailed`] (`what`: `"grant"`): that
+    /// device may keep whatever access the refused call gave it, until a later grant sets its access
+    /// or the mapping is unmapped; still no `Access` exists, so safe code cannot use that access.
+    /// Where access cannot be set up, unmap the mapping and take another path (for a copy between
+    /// devices: [`Route::Staged`](crate::Route::Staged)).
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant<'a, M: AccessMode>(
         &'a mut self,
         context: &'a Context,
         mode: M,
-    ) -> Result<Access<'a, M>> {
+    ) -> Result<Access<'a, M>, Error> {
         self.grant_contexts(Contexts::One(context), mode)
     }
 
@@ -93,7 +96,8 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// driver call. Views use the first context for copies; [`Access::slice_on`] picks another.
     ///
     /// # Errors
-    /// [`Error::ZeroSize`] for an empty list; the driver's error otherwise, as for [`Mapping::grant`].
+    /// [`Error::ZeroSize`] for an empty list; otherwise as for [`Mapping::grant`] ([`Error::Driver`],
+    /// or [`Error::CleanupFailed`] where a device could not be set back to no access).
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant_all<'a, M: AccessMode>(
         &'a mut self,
@@ -105,7 +109,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
                 what: "list of contexts to grant",
             });
         }
-        Ok(self.grant_contexts(Contexts::Many(contexts), mode)?)
+        self.grant_contexts(Contexts::Many(contexts), mode)
     }
 
     /// `cuMemSetAccess` — as [`grant_all`](Mapping::grant_all), revoked again when the returned
@@ -130,12 +134,19 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         &'a mut self,
         contexts: Contexts<'a>,
         mode: M,
-    ) -> Result<Access<'a, M>> {
-        if let Err(e) = set_access(self.ptr, self.size, contexts, M::FLAGS) {
+    ) -> Result<Access<'a, M>, Error> {
+        if let Err(error) = set_access(self.ptr, self.size, contexts, M::FLAGS) {
             // Leave nothing half granted: whatever part of the call the driver applied is taken back,
-            // device by device (a device the driver refuses outright was not granted either).
-            let _ = revoke_each(self.ptr, self.size, contexts);
-            return Err(e);
+            // device by device. Where a device cannot be set back, that is reported with the refusal:
+            // whether the refused call had granted it cannot be told.
+            return Err(match revoke_each(self.ptr, self.size, contexts) {
+                Ok(()) => Error::Driver(error),
+                Err(cleanup) => Error::CleanupFailed {
+                    error,
+                    cleanup,
+                    what: "grant",
+                },
+            });
         }
         Ok(Access::new(self.ptr, self.size, contexts, mode))
     }

@@ -9,6 +9,26 @@ use crate::device::Context;
 use crate::error::{Error, Result, check};
 use crate::sys;
 
+/// The fewest bytes [`Module::load_ptx`] hands the driver: shorter text is NUL-padded to this length,
+/// so that whatever the driver reads of the first bytes to recognise a binary header (a magic, and at
+/// most a version and a size after it) stays inside the input.
+const MIN_IMAGE_BYTES: usize = 16;
+
+/// Whether every byte of `text` is PTX text: tab, LF, CR or printable ASCII (`0x20..=0x7E`).
+///
+/// # Errors
+/// [`Error::NotPtxText`] for the first byte that is not.
+fn check_ptx_text(text: &[u8]) -> Result<(), Error> {
+    match text
+        .iter()
+        .enumerate()
+        .find(|&(_, &byte)| !matches!(byte, b'\t' | b'\n' | b'\r' | 0x20..=0x7e))
+    {
+        None => Ok(()),
+        Some((offset, &byte)) => Err(Error::NotPtxText { offset, byte }),
+    }
+}
+
 /// A module of device code loaded into a context, unloaded on drop.
 ///
 /// # Lifetimes
@@ -28,17 +48,77 @@ impl fmt::Debug for Module<'_> {
 }
 
 impl<'ctx> Module<'ctx> {
-    /// `cuModuleLoadData` — load PTX text (or a cubin/fatbin image with a terminating NUL) into
-    /// `context`; PTX is compiled for the device by the driver.
+    /// `cuModuleLoadData` — load PTX text into `context`; the driver compiles it for the device.
+    ///
+    /// Only text is accepted: every byte before the terminating NUL must be a tab, LF, CR or printable
+    /// ASCII (`0x20..=0x7E`), checked before the driver is called. `cuModuleLoadData` also takes
+    /// cubin (ELF) and fatbin images, recognised by their first bytes (`7F 45 4C 46`, `50 ED 55 BA`,
+    /// or a fatbin wrapper's `B1 43 62 46`), and reads those as far as their headers say, not to the
+    /// NUL: a `&CStr` starting like a fatbin header made the driver read past its end (a `SIGSEGV`,
+    /// measured on an H200). Each of those magics holds a byte that is not text, so the driver can
+    /// only take checked text for PTX, which it reads to the NUL. Text with other bytes, such as
+    /// UTF-8 in a comment or a `.file` path, is refused too: remove them first. Binary images can be
+    /// loaded only through the `unsafe` [`load_image`](Module::load_image).
+    ///
+    /// Text shorter than 16 bytes (with its NUL) is copied into a NUL-padded 16-byte buffer first: a
+    /// precaution, since how many bytes the driver reads to recognise an image is not documented.
     ///
     /// # Errors
-    /// The driver's error, e.g. `CUDA_ERROR_INVALID_PTX` for text the driver cannot compile.
+    /// [`Error::NotPtxText`] for the first byte that is not text (nothing reaches the driver); the
+    /// driver's error otherwise, e.g. [`DriverError::INVALID_PTX`](crate::DriverError::INVALID_PTX)
+    /// for text it cannot compile.
     #[doc(alias = "cuModuleLoadData")]
-    pub fn load_ptx(context: &'ctx Context, ptx: &CStr) -> Result<Module<'ctx>> {
+    pub fn load_ptx(context: &'ctx Context, ptx: &CStr) -> Result<Module<'ctx>, Error> {
+        check_ptx_text(ptx.to_bytes())?;
+        let text = ptx.to_bytes_with_nul();
+        let mut padded = [0u8; MIN_IMAGE_BYTES];
+        let image = if text.len() < MIN_IMAGE_BYTES {
+            padded
+                .iter_mut()
+                .zip(text)
+                .for_each(|(to, &from)| *to = from);
+            padded.as_ptr()
+        } else {
+            text.as_ptr()
+        };
         context.bind_to_thread()?;
         let mut raw: sys::CUmodule = ptr::null_mut();
-        // SAFETY: `raw` is writable; `ptx` is a NUL-terminated image alive for the call; a context is current.
-        check(unsafe { sys::cuModuleLoadData(&raw mut raw, ptx.as_ptr().cast::<c_void>()) })?;
+        // SAFETY: `raw` is writable. `image` is NUL-terminated text (checked above), alive for the call
+        // and readable for at least `MIN_IMAGE_BYTES`: every binary image's magic holds a byte that is
+        // not text, so the driver reads it as PTX, up to the NUL. A context is current (bound above).
+        check(unsafe { sys::cuModuleLoadData(&raw mut raw, image.cast::<c_void>()) })?;
+        Ok(Module { raw, context })
+    }
+
+    /// `cuModuleLoadData` — load a device code image of any kind the driver takes (PTX text, a cubin
+    /// or a fatbin) into `context`, unchecked.
+    ///
+    /// For PTX prefer [`load_ptx`](Module::load_ptx), which checks the text and needs no `unsafe`.
+    ///
+    /// # Errors
+    /// The driver's error, e.g. [`DriverError::INVALID_IMAGE`](crate::DriverError::INVALID_IMAGE) for
+    /// an image it cannot read, or
+    /// [`DriverError::NO_BINARY_FOR_GPU`](crate::DriverError::NO_BINARY_FOR_GPU) where none of a
+    /// fatbin's images suits the device.
+    ///
+    /// # Safety
+    /// `image` must point to one whole image, readable and unchanged until the call returns for every
+    /// byte the driver reads of it:
+    /// - PTX text: up to and including its terminating NUL, and at least 16 bytes in all (how far the
+    ///   driver reads to recognise a binary header is not documented);
+    /// - a cubin (ELF) or a fatbin: every byte its headers say it spans. The driver trusts the sizes in
+    ///   them: a header that claims more than there is makes it read past the end (a `SIGSEGV`,
+    ///   measured on an H200), so load only images made whole by NVIDIA's tools.
+    #[doc(alias = "cuModuleLoadData")]
+    pub unsafe fn load_image(
+        context: &'ctx Context,
+        image: *const c_void,
+    ) -> Result<Module<'ctx>, Error> {
+        context.bind_to_thread()?;
+        let mut raw: sys::CUmodule = ptr::null_mut();
+        // SAFETY: `raw` is writable; the caller guarantees `image` for every byte the driver reads; a
+        // context is current (bound just above).
+        check(unsafe { sys::cuModuleLoadData(&raw mut raw, image) })?;
         Ok(Module { raw, context })
     }
 
@@ -48,14 +128,18 @@ impl<'ctx> Module<'ctx> {
         self.context.device()
     }
 
-    /// `cuModuleGetFunction` — the kernel named `name`.
+    /// `cuModuleGetFunction` — the kernel named `name`, looked up with the module's context current
+    /// (bound first, as for every call on the module).
     ///
     /// # Errors
-    /// `CUDA_ERROR_NOT_FOUND` where the module has no such kernel.
+    /// `CUDA_ERROR_NOT_FOUND` where the module has no such kernel; the driver's error where the
+    /// module's context cannot be made current.
     #[doc(alias = "cuModuleGetFunction")]
     pub fn function(&self, name: &CStr) -> Result<Function<'_>> {
+        self.context.bind_to_thread()?;
         let mut raw: sys::CUfunction = ptr::null_mut();
-        // SAFETY: `raw` is writable; `self.raw` is a loaded module; `name` is NUL-terminated.
+        // SAFETY: `raw` is writable; `self.raw` is a module loaded in `self.context`, which is current
+        // (bound just above); `name` is NUL-terminated and alive for the call.
         check(unsafe { sys::cuModuleGetFunction(&raw mut raw, self.raw, name.as_ptr()) })?;
         Ok(Function {
             raw,
@@ -154,5 +238,69 @@ impl Function<'_> {
         })?;
         // SAFETY: the null stream is the current context's legacy default stream, always valid.
         Ok(check(unsafe { sys::cuStreamSynchronize(ptr::null_mut()) })?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_ptx_text;
+    use crate::Error;
+
+    #[test]
+    fn binary_magics_are_refused_at_their_first_non_text_byte() {
+        // fatbin (the input that crashed the driver), cubin (ELF), fatbin wrapper.
+        let cases: [(&[u8], usize, u8); 3] = [
+            (&[0x50, 0xed, 0x55, 0xba, 0x01, 0x00, 0x10, 0x00], 1, 0xed),
+            (&[0x7f, 0x45, 0x4c, 0x46, 0x02, 0x01, 0x01], 0, 0x7f),
+            (&[0xb1, 0x43, 0x62, 0x46, 0x01, 0x00], 0, 0xb1),
+        ];
+        for (image, offset, byte) in cases {
+            assert_eq!(
+                check_ptx_text(image),
+                Err(Error::NotPtxText { offset, byte }),
+                "{image:02x?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bytes_outside_ascii_text_are_refused() {
+        let text = b".version 7.0\n// caf\xc3\xa9\n";
+        assert_eq!(
+            check_ptx_text(text),
+            Err(Error::NotPtxText {
+                offset: 19,
+                byte: 0xc3
+            })
+        );
+        for byte in (0x00..=0x08)
+            .chain(0x0b..=0x0c)
+            .chain(0x0e..=0x1f)
+            .chain(0x7f..=0xff)
+        {
+            assert_eq!(
+                check_ptx_text(&[b' ', byte]),
+                Err(Error::NotPtxText { offset: 1, byte }),
+                "{byte:#04x}"
+            );
+        }
+    }
+
+    #[test]
+    fn ptx_text_is_accepted() {
+        assert_eq!(
+            check_ptx_text(b".version 7.0\r\n.target sm_52\n\t.address_size 64\n"),
+            Ok(())
+        );
+        assert_eq!(check_ptx_text(b""), Ok(()));
+        let every_text_byte: Vec<u8> = [b'\t', b'\n', b'\r']
+            .into_iter()
+            .chain(0x20..=0x7e)
+            .collect();
+        assert_eq!(check_ptx_text(&every_text_byte), Ok(()));
+        assert_eq!(
+            check_ptx_text(include_bytes!("../examples/kernels/add_one.ptx")),
+            Ok(())
+        );
     }
 }

@@ -4,7 +4,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
-use crate::error::{Error, Result, check};
+use crate::error::{DriverError, Error, Result, check};
 use crate::mapping::Mapping;
 use crate::physical::{PhysicalAllocation, check_multiple};
 use crate::sys;
@@ -244,7 +244,13 @@ impl<'va> Region<'va> {
     ///
     /// # Errors
     /// As [`Region::map`]; [`Error::ZeroSize`] for an empty list. On any error, the allocations already
-    /// mapped by this call are unmapped again, the region is unchanged and nothing is mapped.
+    /// mapped by this call are unmapped again, the region is unchanged and nothing is mapped; except
+    /// for [`Error::CleanupFailed`] (`what`: `"mapping"`), where the driver refused a `cuMemMap` and
+    /// then the `cuMemUnmap` that undoes the allocations mapped before it. Those may then stay
+    /// mapped, so the front of the region they were mapped into is taken out of the region, never to be
+    /// mapped again: it is leaked, as the range of a forgotten mapping is (the reservation's
+    /// `cuMemAddressFree` will be refused), and the rest of the region is unchanged. No such refusal
+    /// of a whole-mapping unmap is known.
     #[doc(alias = "cuMemMap")]
     pub fn map_all<'mem>(
         &mut self,
@@ -287,13 +293,15 @@ impl<'va> Region<'va> {
             // mapped byte, measured in `tests/driver_facts.rs`); `m.as_raw()` is a live allocation
             // handle (borrowed for `'mem`); offset 0 and flags 0 as the driver requires.
             let code = unsafe { sys::cuMemMap(at, m.size(), 0, m.as_raw(), 0) };
-            if let Err(e) = check(code) {
-                if mapped > 0 {
-                    // SAFETY: `[start, start + mapped)` was mapped by this call just above and is
-                    // unmapped once. Its error is ignored: the first error is the one to report.
-                    let _ = unsafe { sys::cuMemUnmap(self.start, mapped) };
-                }
-                return Err(e.into());
+            if let Err(error) = check(code) {
+                let undo = if mapped > 0 {
+                    // SAFETY: `[start, start + mapped)` was mapped by this call just above, as whole
+                    // allocations back to back, and is unmapped once.
+                    check(unsafe { sys::cuMemUnmap(self.start, mapped) })
+                } else {
+                    Ok(())
+                };
+                return Err(self.map_refused(error, mapped, undo));
             }
             mapped += m.size();
         }
@@ -301,13 +309,61 @@ impl<'va> Region<'va> {
         self.take_front(total);
         Ok(mapping)
     }
+
+    /// The error of a [`map_all`](Region::map_all) whose `cuMemMap` was refused with `error` after
+    /// `mapped` bytes at the front of the region had been mapped, given `undo`, the answer of unmapping
+    /// them again. Where the undo was refused, the front may still be mapped: it is taken out of the
+    /// region, so that it is never mapped again (a leak).
+    fn map_refused(&mut self, error: DriverError, mapped: usize, undo: Result<()>) -> Error {
+        match undo {
+            Ok(()) => Error::Driver(error),
+            Err(cleanup) => {
+                self.take_front(mapped);
+                Error::CleanupFailed {
+                    error,
+                    cleanup,
+                    what: "mapping",
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::Region;
-    use crate::Error;
+    use crate::{DriverError, Error};
     use proptest::prelude::*;
+
+    #[test]
+    fn a_front_that_could_not_be_unmapped_leaves_the_region() {
+        let (start, len, mapped) = (1u64 << 40, 8usize << 20, 2usize << 20);
+
+        // The undo worked: the driver's refusal, and the region unchanged.
+        let mut region = Region::from_unmapped(start, len);
+        let e = region.map_refused(DriverError::OUT_OF_MEMORY, mapped, Ok(()));
+        assert_eq!(e, Error::Driver(DriverError::OUT_OF_MEMORY));
+        assert_eq!((region.start(), region.len()), (start, len));
+
+        // The undo was refused: both errors, and the possibly still mapped front is gone.
+        let e = region.map_refused(
+            DriverError::OUT_OF_MEMORY,
+            mapped,
+            Err(DriverError::INVALID_VALUE),
+        );
+        assert_eq!(
+            e,
+            Error::CleanupFailed {
+                error: DriverError::OUT_OF_MEMORY,
+                cleanup: DriverError::INVALID_VALUE,
+                what: "mapping",
+            }
+        );
+        assert_eq!(
+            (region.start(), region.len()),
+            (start + mapped as u64, len - mapped)
+        );
+    }
 
     proptest! {
         /// Splitting and skipping keep regions disjoint and covering: the parts of a region are exactly
