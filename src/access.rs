@@ -59,14 +59,23 @@ impl AccessMode for ReadOnly {
 #[derive(Clone, Copy)]
 pub(crate) enum Contexts<'a> {
     One(&'a Context),
-    Many(&'a [&'a Context]),
+    /// A non-empty list (made only by [`Contexts::many`]) and its first context.
+    Many {
+        first: &'a Context,
+        all: &'a [&'a Context],
+    },
 }
 
 impl<'a> Contexts<'a> {
+    /// The contexts of `all`; `None` for an empty list.
+    pub(crate) fn many(all: &'a [&'a Context]) -> Option<Contexts<'a>> {
+        all.first().map(|&first| Contexts::Many { first, all })
+    }
+
     pub(crate) fn iter(self) -> impl Iterator<Item = &'a Context> {
         let (one, many): (Option<&'a Context>, &'a [&'a Context]) = match self {
             Contexts::One(c) => (Some(c), &[]),
-            Contexts::Many(cs) => (None, cs),
+            Contexts::Many { all, .. } => (None, all),
         };
         one.into_iter().chain(many.iter().copied())
     }
@@ -75,15 +84,13 @@ impl<'a> Contexts<'a> {
     fn reach(self) -> Reach<'a> {
         match self {
             Contexts::One(_) => &[],
-            Contexts::Many(cs) => cs,
+            Contexts::Many { all, .. } => all,
         }
     }
 
     fn first(self) -> &'a Context {
         match self {
-            Contexts::One(c) => c,
-            // `grant_all` refuses an empty list, so `Many` holds at least one context.
-            Contexts::Many(cs) => cs[0],
+            Contexts::One(c) | Contexts::Many { first: c, .. } => c,
         }
     }
 }

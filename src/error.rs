@@ -77,11 +77,15 @@ impl DriverError {
         TABLE
             .binary_search_by_key(&self.code(), |&(code, _, _)| code)
             .ok()
-            .map(|index| &TABLE[index])
+            .and_then(|index| TABLE.get(index))
     }
 
     /// Builds the constant for a known, non-zero code; evaluated only in const context, where a
     /// zero would fail the build.
+    #[allow(
+        clippy::panic,
+        reason = "evaluated at compile time only: a zero fails the build"
+    )]
     const fn known(code: u32) -> DriverError {
         match NonZeroU32::new(code) {
             Some(code) => DriverError(code),
@@ -341,6 +345,10 @@ driver_errors! {
 }
 
 // The table must be strictly increasing by code for the binary search in `DriverError::entry`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "evaluated at compile time: an index out of bounds fails the build"
+)]
 const _: () = {
     let mut index = 1;
     while index < TABLE.len() {
@@ -492,7 +500,8 @@ pub enum Error {
     /// The driver refused an operation, and undoing the part of it that had been done was refused
     /// too: the clean state the operation promises on error could not be restored. The operation's
     /// documentation says what is left (for example a front of a region taken out of use, or a device
-    /// that may keep access to a mapping). [`Error::driver`] returns `None`; both errors are here.
+    /// that may keep access to a mapping). [`Error::driver`] returns the refusal of the operation;
+    /// both errors are here.
     CleanupFailed {
         /// The driver's refusal of the operation itself.
         error: DriverError,
@@ -508,7 +517,7 @@ impl Error {
     #[must_use]
     pub fn driver(&self) -> Option<DriverError> {
         match *self {
-            Error::Driver(error) => Some(error),
+            Error::Driver(error) | Error::CleanupFailed { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -743,6 +752,11 @@ mod tests {
                 cleanup: DriverError::INVALID_VALUE,
                 what: "mapping",
             },
+            Error::NoPeerAccess {
+                device: 1,
+                owner: 0,
+            },
+            Error::NoPeerLink { from: 0, to: 3 },
         ];
         for error in &errors {
             assert!(!error.to_string().is_empty(), "{error:?}");
@@ -768,7 +782,19 @@ mod tests {
             source.downcast_ref::<DriverError>(),
             Some(&DriverError::OUT_OF_MEMORY)
         );
-        for error in &errors[1..] {
+        // A failed clean-up reports the operation's own refusal as its driver error.
+        assert_eq!(errors[10].driver(), Some(DriverError::OUT_OF_MEMORY));
+        assert!(errors[10].source().is_none());
+        assert_eq!(
+            errors[11].to_string(),
+            "device 1 has no access to the memory of the view on device 0: grant it access or open \
+             peer access first, or copy with Route::Auto or Route::Staged"
+        );
+        assert_eq!(
+            errors[12].to_string(),
+            "the driver reports no peer link from device 0 to device 3"
+        );
+        for error in errors[1..10].iter().chain(&errors[11..]) {
             assert!(error.source().is_none(), "{error:?}");
             assert_eq!(error.driver(), None);
         }

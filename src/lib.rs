@@ -94,6 +94,16 @@
 //! leave it current on the calling thread. Every copy returns only once it has finished.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+// Library code returns errors; it never panics (the unit tests may).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 mod access;
 mod buffer;

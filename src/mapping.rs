@@ -104,12 +104,10 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         contexts: &'a [&'a Context],
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
-        if contexts.is_empty() {
-            return Err(Error::ZeroSize {
-                what: "list of contexts to grant",
-            });
-        }
-        self.grant_contexts(Contexts::Many(contexts), mode)
+        let contexts = Contexts::many(contexts).ok_or(Error::ZeroSize {
+            what: "list of contexts to grant",
+        })?;
+        self.grant_contexts(contexts, mode)
     }
 
     /// `cuMemSetAccess` — as [`grant_all`](Mapping::grant_all), revoked again when the returned
@@ -192,8 +190,8 @@ pub(crate) fn set_access(
             one = [desc(c)];
             &one
         }
-        Contexts::Many(cs) => {
-            many = cs.iter().map(|c| desc(c)).collect();
+        Contexts::Many { all, .. } => {
+            many = all.iter().map(|c| desc(c)).collect();
             &many
         }
     };
