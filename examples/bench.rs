@@ -4,7 +4,13 @@
 //! `bench.json`). Every figure is the median of many repetitions; safe and raw runs alternate so
 //! that drift affects both alike. Not a test: it asserts nothing about speed.
 //!
-//! Run with `./with-libcuda cargo run --release --example bench` on a GPU machine.
+//! Run with `./with-libcuda cargo run --release --example bench` on a GPU machine. Without a device it
+//! says so and exits successfully.
+//!
+//! On every machine (GPU 0): the VMM lifecycle, host <-> device copies, device -> device on one GPU,
+//! map/grant churn, `copy_between` with `Route::Direct` between two buffers of one GPU against
+//! `cuMemcpyDtoD`, and the staged path (a new against a reused `Staging`, and against its slower host
+//! leg), from GPU 0 to GPU 1 where there are two, else on GPU 0.
 
 use core::ffi::c_void;
 use std::fmt::Write as _;
@@ -80,15 +86,7 @@ mod raw {
         pub(crate) fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, bytes: usize) -> u32;
         pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, bytes: usize) -> u32;
         pub(crate) fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) -> u32;
-        pub(crate) fn cuMemcpyPeer(
-            dst: u64,
-            dst_ctx: *mut c_void,
-            src: u64,
-            src_ctx: *mut c_void,
-            bytes: usize,
-        ) -> u32;
         pub(crate) fn cuStreamSynchronize(stream: *mut c_void) -> u32;
-        pub(crate) fn cuCtxSynchronize() -> u32;
         pub(crate) fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
         pub(crate) fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: u32) -> u32;
         pub(crate) fn cuMemFreeHost(p: *mut c_void) -> u32;
@@ -201,6 +199,13 @@ impl Row {
             goal,
         }
     }
+
+    /// With the paired ratio of a bandwidth row, from [`race_paired`]'s median ratio of *times*
+    /// `safe / raw`: a rate's ratio is its reciprocal.
+    fn with_paired_times(mut self, time_ratio: f64) -> Row {
+        self.paired = Some(1.0 / time_ratio);
+        self
+    }
 }
 
 fn main() -> ExitCode {
@@ -269,18 +274,23 @@ fn run() -> BenchResult<()> {
     let bytes = 256usize << 20;
     copies(ctx, bytes, g, &mut rows)?;
     churn(ctx, g, &mut rows)?;
-    fallback(&contexts, bytes, &mut rows)?;
+    one_device_direct(ctx, bytes, &mut rows)?;
+    staged_rows(&contexts, bytes, &mut rows)?;
 
+    report(&device.name()?, devices.len(), &rows)
+}
+
+/// Prints the table and writes the JSON.
+fn report(device: &str, devices: usize, rows: &[Row]) -> BenchResult<()> {
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(6);
     println!(
-        "\n{:<52} {:>12} {:>12} {:>8} {:>8}  goal",
+        "\n{:<width$} {:>12} {:>12} {:>8} {:>8}  goal",
         "figure", "safe", "raw", "ratio", "paired"
     );
     let mut json = String::from("{\n  \"device\": ");
     write!(
         json,
-        "{:?},\n  \"devices\": {},\n  \"rows\": [\n",
-        device.name()?,
-        devices.len()
+        "{device:?},\n  \"devices\": {devices},\n  \"rows\": [\n"
     )?;
     for (i, r) in rows.iter().enumerate() {
         let ratio = r.safe / r.raw;
@@ -288,7 +298,7 @@ fn run() -> BenchResult<()> {
             .paired
             .map_or_else(|| "-".to_owned(), |p| format!("{p:.4}"));
         println!(
-            "{:<52} {:>12.3} {:>12.3} {:>8.4} {:>8}  {}",
+            "{:<width$} {:>12.3} {:>12.3} {:>8.4} {:>8}  {}",
             r.name, r.safe, r.raw, ratio, paired, r.goal
         );
         let comma = if i + 1 < rows.len() { "," } else { "" };
@@ -558,67 +568,97 @@ fn churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     Ok(())
 }
 
-fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+/// Untimed runs of `safe` and `raw`, alternating, for at least `seconds` (and at least once each),
+/// before a row group: the first copies over a link, or on a device idle until then, measure a warm-up
+/// of the link or the clocks (see [`copies`]), not the copy.
+fn warm_up(
+    seconds: f64,
+    safe: &mut impl FnMut() -> BenchResult<()>,
+    raw: &mut impl FnMut() -> BenchResult<()>,
+) -> BenchResult<()> {
+    let start = Instant::now();
+    loop {
+        safe()?;
+        raw()?;
+        if start.elapsed().as_secs_f64() >= seconds {
+            return Ok(());
+        }
+    }
+}
+
+/// `"GPU s -> GPU d"`, for row names.
+fn pair_label(src: &Context, dst: &Context) -> String {
+    format!(
+        "GPU {} -> GPU {}",
+        src.device().ordinal(),
+        dst.device().ordinal()
+    )
+}
+
+/// The single-device direct row: `copy_between` with `Route::Direct` between two buffers of `ctx`'s
+/// device against the calls it makes, `cuMemcpyDtoD` and a wait on the legacy stream.
+fn one_device_direct(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let src = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let (dst_ptr, src_ptr) = (dst.as_mut_slice().as_raw_ptr(), src.as_slice().as_raw_ptr());
+    let mut safe = || -> BenchResult<()> {
+        copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Direct)?;
+        Ok(())
+    };
+    let mut raw = || -> BenchResult<()> {
+        // SAFETY: `dst_ptr` and `src_ptr` are two `cuMemAlloc` buffers of `bytes` in `ctx`, owned by
+        // `dst` and `src`, which outlive the closure; the safe closure runs only between raw runs,
+        // and the copy is waited for before this returns.
+        unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyDtoD_v2(dst_ptr, src_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        }
+    };
+    warm_up(0.2, &mut safe, &mut raw)?;
+    let (safe_t, raw_t, paired) = race_paired(30, &mut safe, &mut raw)?;
+    rows.push(
+        Row::gbs(
+            format!(
+                "{} direct {} MiB, copy_between vs cuMemcpyDtoD (GB/s)",
+                pair_label(ctx, ctx),
+                bytes >> 20
+            ),
+            bytes,
+            safe_t,
+            raw_t,
+            "safe/raw >= 0.99",
+        )
+        .with_paired_times(paired),
+    );
+    Ok(())
+}
+
+/// The staged path from the first device to the second (to itself where there is one): a new
+/// `Staging` per copy against a reused one, and the reused one against the slower of its two host
+/// legs timed alone.
+fn staged_rows(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     let (src_ctx, dst_ctx) = match contexts {
         [only] => (only, only),
         [a, b, ..] => (a, b),
         [] => return Ok(()),
     };
-    let len = bytes;
-    let src = DeviceBuffer::<u8>::zeroed(src_ctx, len)?;
-    let mut dst = DeviceBuffer::<u8>::zeroed(dst_ctx, len)?;
-    let mut host = Pinned::new(src_ctx, len)?;
-    let (dst_ptr, src_ptr) = (dst.as_slice().as_raw_ptr(), src.as_slice().as_raw_ptr());
-    let reps = 20;
-    let (label, peak) = if contexts.len() > 1 {
-        ("GPU 0 -> GPU 1", "; NVLink 4 peak 450 per direction")
-    } else {
-        ("GPU 0 -> GPU 0", "")
-    };
-    let (safe, raw_t) = race(
-        reps,
-        || Ok(copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Direct).map(|_| ())?),
-        // SAFETY: two cuMemAlloc buffers of `len` bytes in their contexts; the same calls the safe
-        // path makes (one device: DtoD and a stream sync; two: cuMemcpyPeer and both contexts synced).
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()))?;
-            if contexts.len() == 1 {
-                ok(raw::cuMemcpyDtoD_v2(dst_ptr, src_ptr, len))?;
-                return ok(raw::cuStreamSynchronize(core::ptr::null_mut()));
-            }
-            ok(raw::cuMemcpyPeer(
-                dst_ptr,
-                dst_ctx.as_raw().cast(),
-                src_ptr,
-                src_ctx.as_raw().cast(),
-                len,
-            ))?;
-            ok(raw::cuCtxSetCurrent(src_ctx.as_raw().cast()))?;
-            ok(raw::cuCtxSynchronize())?;
-            ok(raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()))?;
-            ok(raw::cuCtxSynchronize())
-        },
-    )?;
-    rows.push(Row::gbs(
-        format!("{label} direct (GB/s{peak})"),
-        len,
-        safe,
-        raw_t,
-        "safe/raw >= 0.99",
-    ));
-    let direct = safe;
+    let label = pair_label(src_ctx, dst_ctx);
+    let src = DeviceBuffer::<u8>::zeroed(src_ctx, bytes)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(dst_ctx, bytes)?;
+    let mut host = Pinned::new(src_ctx, bytes)?;
     let mut staging = Staging::new(src_ctx, STAGING_CHUNK_BYTES)?;
+    let reps = 20;
+
+    // Both host legs, untimed: on two GPUs the second one has been idle until here.
+    warm_up(
+        0.5,
+        &mut || staged_copy(&mut dst, &src, &mut staging),
+        &mut || Ok(src.as_slice().copy_to_host(host.bytes())?),
+    )?;
     let (staged, down) = race(
         reps,
-        || {
-            let path = copy_between_with(
-                &mut dst.as_mut_slice(),
-                &src.as_slice(),
-                Route::Staged,
-                &mut staging,
-            )?;
-            Ok(path).map(|_| ())
-        },
+        || staged_copy(&mut dst, &src, &mut staging),
         || Ok(src.as_slice().copy_to_host(host.bytes())?),
     )?;
     let (one_shot, _) = race(
@@ -632,26 +672,35 @@ fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchRes
         || Ok(()),
     )?;
     let slower_leg = down.max(up);
+    let mib = bytes >> 20;
     rows.push(Row::gbs(
-        format!("{label} staged, new vs reused staging (GB/s)"),
-        len,
+        format!("{label} staged {mib} MiB, new vs reused staging (GB/s)"),
+        bytes,
         one_shot,
         staged,
         "report",
     ));
     rows.push(Row::gbs(
-        format!("{label} staged vs direct (GB/s)"),
-        len,
-        staged,
-        direct,
-        "staged/direct: report",
-    ));
-    rows.push(Row::gbs(
-        format!("{label} staged vs slower host leg (GB/s)"),
-        len,
+        format!("{label} staged {mib} MiB vs slower host leg (GB/s)"),
+        bytes,
         staged,
         slower_leg,
         "staged/slower leg: ~1 when overlapped",
     ));
+    Ok(())
+}
+
+/// The staged copy of all of `src` into `dst` through the reused `staging`.
+fn staged_copy(
+    dst: &mut DeviceBuffer<'_, u8>,
+    src: &DeviceBuffer<'_, u8>,
+    staging: &mut Staging,
+) -> BenchResult<()> {
+    copy_between_with(
+        &mut dst.as_mut_slice(),
+        &src.as_slice(),
+        Route::Staged,
+        staging,
+    )?;
     Ok(())
 }
