@@ -4,7 +4,29 @@
 //! `bench.json`). Every figure is the median of many repetitions; safe and raw runs alternate so
 //! that drift affects both alike. Not a test: it asserts nothing about speed.
 //!
-//! Run with `./with-libcuda cargo run --release --example bench` on a GPU machine.
+//! Run with `./with-libcuda cargo run --release --example bench` on a GPU machine. Without a device it
+//! says so and exits successfully.
+//!
+//! On every machine (GPU 0): the VMM lifecycle, host <-> device copies, device -> device on one GPU,
+//! map/grant churn, `copy_between` with `Route::Direct` between two buffers of one GPU against
+//! `cuMemcpyDtoD`, and the staged path (a new against a reused `Staging`, and against its slower host
+//! leg), from GPU 0 to GPU 1 where there are two, else on GPU 0.
+//!
+//! With two or more devices, between GPU 0 and GPU 1, in both directions, each where
+//! `cuDeviceCanAccessPeer(dst, src)` says yes (else a "not run" line says why):
+//! - direct copies of `cuMemAlloc` memory at 64 MiB, 256 MiB and 1 GiB: `copy_between` with
+//!   `Route::Direct` from the source's peer view under the destination's `PeerAccess` guard (one
+//!   `cuMemcpyDtoD` in the destination's context and a wait there) against raw `cuMemcpyPeer` and
+//!   `cuCtxSynchronize` in the destination's context, under the same guard, enabled once per direction;
+//! - the 1 GiB figure against the `NVLink` 4 peak, 450 GB/s per direction (the "raw" column is the peak);
+//! - a 1 GiB VMM source on the source GPU, granted to both devices (`grant_all`, no context peer
+//!   access), copied into a `cuMemAlloc` buffer of the destination: `copy_between` with `Route::Direct`
+//!   against raw `cuMemcpyPeer` from the same address.
+//!
+//! Then, GPU 0 -> GPU 1 at 1 GiB with no access at all (every guard ended, checked with the driver): the
+//! crate's `Route::Auto` on plain views, which stages through pinned host memory (a reused `Staging`),
+//! against raw `cuMemcpyPeer`, which the driver then stages itself (the call `Route::Direct` used to
+//! make): a reference, goal "report".
 
 use core::ffi::c_void;
 use std::fmt::Write as _;
@@ -12,9 +34,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuda_vmm::{
-    Access, Context, Device, DeviceBuffer, DriverError, Granularity, PhysicalAllocation, ReadWrite,
-    Route, STAGING_CHUNK_BYTES, Staging, VirtualReservation, allocation_granularity, copy_between,
-    copy_between_with,
+    Access, Context, CopyPath, Device, DeviceBuffer, DeviceSlice, DriverError, Granularity,
+    PeerAccess, PhysicalAllocation, ReadWrite, Route, STAGING_CHUNK_BYTES, Staging,
+    VirtualReservation, allocation_granularity, can_access_peer, copy_between, copy_between_with,
 };
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -90,6 +112,7 @@ mod raw {
         pub(crate) fn cuStreamSynchronize(stream: *mut c_void) -> u32;
         pub(crate) fn cuCtxSynchronize() -> u32;
         pub(crate) fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
+        pub(crate) fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
         pub(crate) fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: u32) -> u32;
         pub(crate) fn cuMemFreeHost(p: *mut c_void) -> u32;
     }
@@ -201,6 +224,13 @@ impl Row {
             goal,
         }
     }
+
+    /// With the paired ratio of a bandwidth row, from [`race_paired`]'s median ratio of *times*
+    /// `safe / raw`: a rate's ratio is its reciprocal.
+    fn with_paired_times(mut self, time_ratio: f64) -> Row {
+        self.paired = Some(1.0 / time_ratio);
+        self
+    }
 }
 
 fn main() -> ExitCode {
@@ -269,18 +299,25 @@ fn run() -> BenchResult<()> {
     let bytes = 256usize << 20;
     copies(ctx, bytes, g, &mut rows)?;
     churn(ctx, g, &mut rows)?;
-    fallback(&contexts, bytes, &mut rows)?;
+    one_device_direct(ctx, bytes, &mut rows)?;
+    staged_rows(&contexts, bytes, &mut rows)?;
+    let mut not_run = Vec::new();
+    two_devices(&contexts, &mut rows, &mut not_run)?;
 
+    report(&device.name()?, devices.len(), &rows, &not_run)
+}
+
+/// Prints the table (and the rows that could not run) and writes the JSON.
+fn report(device: &str, devices: usize, rows: &[Row], not_run: &[String]) -> BenchResult<()> {
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(6);
     println!(
-        "\n{:<52} {:>12} {:>12} {:>8} {:>8}  goal",
+        "\n{:<width$} {:>12} {:>12} {:>8} {:>8}  goal",
         "figure", "safe", "raw", "ratio", "paired"
     );
     let mut json = String::from("{\n  \"device\": ");
     write!(
         json,
-        "{:?},\n  \"devices\": {},\n  \"rows\": [\n",
-        device.name()?,
-        devices.len()
+        "{device:?},\n  \"devices\": {devices},\n  \"rows\": [\n"
     )?;
     for (i, r) in rows.iter().enumerate() {
         let ratio = r.safe / r.raw;
@@ -288,7 +325,7 @@ fn run() -> BenchResult<()> {
             .paired
             .map_or_else(|| "-".to_owned(), |p| format!("{p:.4}"));
         println!(
-            "{:<52} {:>12.3} {:>12.3} {:>8.4} {:>8}  {}",
+            "{:<width$} {:>12.3} {:>12.3} {:>8.4} {:>8}  {}",
             r.name, r.safe, r.raw, ratio, paired, r.goal
         );
         let comma = if i + 1 < rows.len() { "," } else { "" };
@@ -301,7 +338,17 @@ fn run() -> BenchResult<()> {
             r.name, r.unit, r.safe, r.raw, ratio, r.goal
         )?;
     }
-    json.push_str("  ]\n}\n");
+    json.push_str("  ],\n  \"not_run\": [");
+    for (i, why) in not_run.iter().enumerate() {
+        println!("not run: {why}");
+        let comma = if i + 1 < not_run.len() { "," } else { "" };
+        write!(json, "\n    {why:?}{comma}")?;
+    }
+    json.push_str(if not_run.is_empty() {
+        "]\n}\n"
+    } else {
+        "\n  ]\n}\n"
+    });
     let path = std::env::var("BENCH_JSON").unwrap_or_else(|_| "bench.json".to_owned());
     std::fs::write(&path, json)?;
     println!("\nJSON written to {path}");
@@ -558,67 +605,97 @@ fn churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     Ok(())
 }
 
-fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+/// Untimed runs of `safe` and `raw`, alternating, for at least `seconds` (and at least once each),
+/// before a row group: the first copies over a link, or on a device idle until then, measure a warm-up
+/// of the link or the clocks (see [`copies`]), not the copy.
+fn warm_up(
+    seconds: f64,
+    safe: &mut impl FnMut() -> BenchResult<()>,
+    raw: &mut impl FnMut() -> BenchResult<()>,
+) -> BenchResult<()> {
+    let start = Instant::now();
+    loop {
+        safe()?;
+        raw()?;
+        if start.elapsed().as_secs_f64() >= seconds {
+            return Ok(());
+        }
+    }
+}
+
+/// `"GPU s -> GPU d"`, for row names.
+fn pair_label(src: &Context, dst: &Context) -> String {
+    format!(
+        "GPU {} -> GPU {}",
+        src.device().ordinal(),
+        dst.device().ordinal()
+    )
+}
+
+/// The single-device direct row: `copy_between` with `Route::Direct` between two buffers of `ctx`'s
+/// device against the calls it makes, `cuMemcpyDtoD` and a wait on the legacy stream.
+fn one_device_direct(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let src = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let (dst_ptr, src_ptr) = (dst.as_mut_slice().as_raw_ptr(), src.as_slice().as_raw_ptr());
+    let mut safe = || -> BenchResult<()> {
+        copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Direct)?;
+        Ok(())
+    };
+    let mut raw = || -> BenchResult<()> {
+        // SAFETY: `dst_ptr` and `src_ptr` are two `cuMemAlloc` buffers of `bytes` in `ctx`, owned by
+        // `dst` and `src`, which outlive the closure; the safe closure runs only between raw runs,
+        // and the copy is waited for before this returns.
+        unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw::cuMemcpyDtoD_v2(dst_ptr, src_ptr, bytes))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))
+        }
+    };
+    warm_up(0.2, &mut safe, &mut raw)?;
+    let (safe_t, raw_t, paired) = race_paired(30, &mut safe, &mut raw)?;
+    rows.push(
+        Row::gbs(
+            format!(
+                "{} direct {} MiB, copy_between vs cuMemcpyDtoD (GB/s)",
+                pair_label(ctx, ctx),
+                bytes >> 20
+            ),
+            bytes,
+            safe_t,
+            raw_t,
+            "safe/raw >= 0.99",
+        )
+        .with_paired_times(paired),
+    );
+    Ok(())
+}
+
+/// The staged path from the first device to the second (to itself where there is one): a new
+/// `Staging` per copy against a reused one, and the reused one against the slower of its two host
+/// legs timed alone.
+fn staged_rows(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     let (src_ctx, dst_ctx) = match contexts {
         [only] => (only, only),
         [a, b, ..] => (a, b),
         [] => return Ok(()),
     };
-    let len = bytes;
-    let src = DeviceBuffer::<u8>::zeroed(src_ctx, len)?;
-    let mut dst = DeviceBuffer::<u8>::zeroed(dst_ctx, len)?;
-    let mut host = Pinned::new(src_ctx, len)?;
-    let (dst_ptr, src_ptr) = (dst.as_slice().as_raw_ptr(), src.as_slice().as_raw_ptr());
-    let reps = 20;
-    let (label, peak) = if contexts.len() > 1 {
-        ("GPU 0 -> GPU 1", "; NVLink 4 peak 450 per direction")
-    } else {
-        ("GPU 0 -> GPU 0", "")
-    };
-    let (safe, raw_t) = race(
-        reps,
-        || Ok(copy_between(&mut dst.as_mut_slice(), &src.as_slice(), Route::Direct).map(|_| ())?),
-        // SAFETY: two cuMemAlloc buffers of `len` bytes in their contexts; the same calls the safe
-        // path makes (one device: DtoD and a stream sync; two: cuMemcpyPeer and both contexts synced).
-        || unsafe {
-            ok(raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()))?;
-            if contexts.len() == 1 {
-                ok(raw::cuMemcpyDtoD_v2(dst_ptr, src_ptr, len))?;
-                return ok(raw::cuStreamSynchronize(core::ptr::null_mut()));
-            }
-            ok(raw::cuMemcpyPeer(
-                dst_ptr,
-                dst_ctx.as_raw().cast(),
-                src_ptr,
-                src_ctx.as_raw().cast(),
-                len,
-            ))?;
-            ok(raw::cuCtxSetCurrent(src_ctx.as_raw().cast()))?;
-            ok(raw::cuCtxSynchronize())?;
-            ok(raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()))?;
-            ok(raw::cuCtxSynchronize())
-        },
-    )?;
-    rows.push(Row::gbs(
-        format!("{label} direct (GB/s{peak})"),
-        len,
-        safe,
-        raw_t,
-        "safe/raw >= 0.99",
-    ));
-    let direct = safe;
+    let label = pair_label(src_ctx, dst_ctx);
+    let src = DeviceBuffer::<u8>::zeroed(src_ctx, bytes)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(dst_ctx, bytes)?;
+    let mut host = Pinned::new(src_ctx, bytes)?;
     let mut staging = Staging::new(src_ctx, STAGING_CHUNK_BYTES)?;
+    let reps = 20;
+
+    // Both host legs, untimed: on two GPUs the second one has been idle until here.
+    warm_up(
+        0.5,
+        &mut || staged_copy(&mut dst, &src, &mut staging),
+        &mut || Ok(src.as_slice().copy_to_host(host.bytes())?),
+    )?;
     let (staged, down) = race(
         reps,
-        || {
-            let path = copy_between_with(
-                &mut dst.as_mut_slice(),
-                &src.as_slice(),
-                Route::Staged,
-                &mut staging,
-            )?;
-            Ok(path).map(|_| ())
-        },
+        || staged_copy(&mut dst, &src, &mut staging),
         || Ok(src.as_slice().copy_to_host(host.bytes())?),
     )?;
     let (one_shot, _) = race(
@@ -632,26 +709,312 @@ fn fallback(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> BenchRes
         || Ok(()),
     )?;
     let slower_leg = down.max(up);
+    let mib = bytes >> 20;
     rows.push(Row::gbs(
-        format!("{label} staged, new vs reused staging (GB/s)"),
-        len,
+        format!("{label} staged {mib} MiB, new vs reused staging (GB/s)"),
+        bytes,
         one_shot,
         staged,
         "report",
     ));
     rows.push(Row::gbs(
-        format!("{label} staged vs direct (GB/s)"),
-        len,
-        staged,
-        direct,
-        "staged/direct: report",
-    ));
-    rows.push(Row::gbs(
-        format!("{label} staged vs slower host leg (GB/s)"),
-        len,
+        format!("{label} staged {mib} MiB vs slower host leg (GB/s)"),
+        bytes,
         staged,
         slower_leg,
         "staged/slower leg: ~1 when overlapped",
     ));
     Ok(())
+}
+
+/// The staged copy of all of `src` into `dst` through the reused `staging`.
+fn staged_copy(
+    dst: &mut DeviceBuffer<'_, u8>,
+    src: &DeviceBuffer<'_, u8>,
+    staging: &mut Staging,
+) -> BenchResult<()> {
+    copy_between_with(
+        &mut dst.as_mut_slice(),
+        &src.as_slice(),
+        Route::Staged,
+        staging,
+    )?;
+    Ok(())
+}
+
+/// The `NVLink` 4 peak of one direction (18 links), in bytes per second.
+const NVLINK4_PEAK: f64 = 450e9;
+const GIB: usize = 1 << 30;
+/// The sizes of the direct rows between two GPUs, with their repetitions.
+const PEER_SIZES: [(&str, usize, usize); 3] = [
+    ("64 MiB", 64 << 20, 200),
+    ("256 MiB", 256 << 20, 100),
+    ("1 GiB", GIB, 50),
+];
+
+/// The rows between GPU 0 and GPU 1: each direction where the destination can access the source
+/// (direct copies of `cuMemAlloc` memory under a peer guard, the same at 1 GiB against the `NVLink`
+/// peak, and from VMM memory granted to both), then the reference row without any access. Where a row
+/// cannot run, a line in `not_run` says why.
+fn two_devices(
+    contexts: &[Context],
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    let [c0, c1, ..] = contexts else {
+        not_run.push(
+            "the GPU 0 <-> GPU 1 rows (direct over the link against cuMemcpyPeer and against the \
+             NVLink peak, from VMM memory, and the copy without access): one device only"
+                .to_owned(),
+        );
+        return Ok(());
+    };
+    let mut on0 = DeviceBuffer::<u8>::zeroed(c0, GIB)?;
+    let mut on1 = DeviceBuffer::<u8>::zeroed(c1, GIB)?;
+    direction(&on0, &mut on1, rows, not_run)?;
+    direction(&on1, &mut on0, rows, not_run)?;
+    without_access(&on0, &mut on1, rows)
+}
+
+/// The direct rows of one direction, `src`'s device to `dst`'s, where `cuDeviceCanAccessPeer(dst, src)`
+/// says yes.
+fn direction(
+    src: &DeviceBuffer<'_, u8>,
+    dst: &mut DeviceBuffer<'_, u8>,
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    let (src_ctx, dst_ctx) = (src.context(), dst.context());
+    let label = pair_label(src_ctx, dst_ctx);
+    if can_access_peer(dst_ctx.device(), src_ctx.device())?.is_none() {
+        not_run.push(format!(
+            "{label} direct rows (peer view, against the NVLink peak, from VMM memory): \
+             cuDeviceCanAccessPeer({}, {}) says no",
+            dst_ctx.device().ordinal(),
+            src_ctx.device().ordinal()
+        ));
+        return Ok(());
+    }
+    peer_view_rows(src, dst, &label, rows)?;
+    vmm_row(src_ctx, dst, &label, rows)
+}
+
+/// Direct copies of `cuMemAlloc` memory: the destination's context opens the source's (one guard for
+/// the whole group), and `copy_between` with `Route::Direct` from the peer view races raw
+/// `cuMemcpyPeer` under the same enablement, at each of [`PEER_SIZES`]; then the 1 GiB figure against
+/// the `NVLink` peak. The guard is disabled at the end, with its error reported.
+fn peer_view_rows(
+    src: &DeviceBuffer<'_, u8>,
+    dst: &mut DeviceBuffer<'_, u8>,
+    label: &str,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    let (src_ctx, dst_ctx) = (src.context(), dst.context());
+    // Once for the group: enabling costs about 10 ms (the driver maps every allocation of the peer),
+    // far more than a copy. The raw side runs under this same enablement.
+    let guard = PeerAccess::open(dst_ctx, src_ctx)?;
+    let view = src.peer_slice(&guard)?;
+    let (dst_ptr, src_ptr) = (dst.as_mut_slice().as_raw_ptr(), view.as_raw_ptr());
+    warm_up(
+        0.5,
+        &mut || pull(dst, &view, GIB),
+        // SAFETY: `dst_ptr` is `dst`'s `GIB` bytes of `cuMemAlloc` memory in `dst_ctx`, `src_ptr`
+        // `src`'s in `src_ctx`; both buffers outlive this function, nothing else uses them meanwhile
+        // (the safe closure runs only between raw runs), and peer access is enabled by `guard`.
+        &mut || unsafe { raw_peer(dst_ctx, dst_ptr, src_ctx, src_ptr, GIB) },
+    )?;
+    let mut at_one_gib = None;
+    for (size, n, reps) in PEER_SIZES {
+        let (safe_t, raw_t, paired) = race_paired(
+            reps,
+            || pull(dst, &view, n),
+            // SAFETY: as for the warm-up above; `n <= GIB`.
+            || unsafe { raw_peer(dst_ctx, dst_ptr, src_ctx, src_ptr, n) },
+        )?;
+        rows.push(
+            Row::gbs(
+                format!("{label} direct {size}, peer view vs cuMemcpyPeer (GB/s)"),
+                n,
+                safe_t,
+                raw_t,
+                "safe/raw >= 0.99",
+            )
+            .with_paired_times(paired),
+        );
+        if n == GIB {
+            at_one_gib = Some(safe_t);
+        }
+    }
+    guard.disable()?;
+    if let Some(safe_t) = at_one_gib {
+        rows.push(Row::gbs(
+            format!("{label} direct 1 GiB vs NVLink 4 peak 450 (GB/s)"),
+            GIB,
+            safe_t,
+            float(GIB) / NVLINK4_PEAK,
+            "safe/peak >= 0.85",
+        ));
+    }
+    Ok(())
+}
+
+/// The safe direct copy of the first `n` bytes of `src` (a view open to `dst`'s device) into `dst`.
+fn pull(dst: &mut DeviceBuffer<'_, u8>, src: &DeviceSlice<'_, u8>, n: usize) -> BenchResult<()> {
+    copy_between(
+        &mut dst.as_mut_slice().slice_mut(..n)?,
+        &src.slice(..n)?,
+        Route::Direct,
+    )?;
+    Ok(())
+}
+
+/// The raw copy of the direct rows: `cuMemcpyPeer` with the destination's context current, then
+/// `cuCtxSynchronize` there. The safe path waits on the destination's context too: its `cuMemcpyDtoD`
+/// runs there, followed by `cuStreamSynchronize` of the legacy stream.
+///
+/// # Safety
+/// `dst` must be `bytes` of device memory of `dst_ctx`'s device and `src` `bytes` of device memory
+/// `src_ctx`'s device can read, both alive and otherwise unused until this returns.
+unsafe fn raw_peer(
+    dst_ctx: &Context,
+    dst: u64,
+    src_ctx: &Context,
+    src: u64,
+    bytes: usize,
+) -> BenchResult<()> {
+    // SAFETY: `dst_ctx` is a retained context, borrowed for the call.
+    ok(unsafe { raw::cuCtxSetCurrent(dst_ctx.as_raw().cast()) })?;
+    // SAFETY: the caller's guarantee for both ranges; both contexts are retained (borrowed). The copy
+    // is waited for just below, before either range can be freed.
+    ok(unsafe {
+        raw::cuMemcpyPeer(
+            dst,
+            dst_ctx.as_raw().cast(),
+            src,
+            src_ctx.as_raw().cast(),
+            bytes,
+        )
+    })?;
+    // SAFETY: no arguments; `dst_ctx` is current. For device-to-device copies `cuMemcpyPeer` is
+    // asynchronous to the host but serialised with all work of the current, source and destination
+    // contexts (the driver API's docs), so this returns when the copy has finished.
+    ok(unsafe { raw::cuCtxSynchronize() })
+}
+
+/// Direct copies from VMM memory: physical memory on `src_ctx`'s device in one reservation and one
+/// mapping, granted to both devices (`grant_all`, no context peer access), copied into `dst` with
+/// `copy_between` and `Route::Direct`, against raw `cuMemcpyPeer` from the same address.
+fn vmm_row(
+    src_ctx: &Context,
+    dst: &mut DeviceBuffer<'_, u8>,
+    label: &str,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    let dst_ctx = dst.context();
+    let granularity = allocation_granularity(src_ctx.device(), Granularity::Minimum)?;
+    let size = cuda_vmm::align_size(GIB, granularity)?;
+    let memory = PhysicalAllocation::new(src_ctx.device(), size)?;
+    let mut reservation = VirtualReservation::new(size, 0)?;
+    let mut region = reservation.region();
+    let mut mapping = region.map(&memory)?;
+    let both = [src_ctx, dst_ctx];
+    let access = mapping.grant_all(&both, ReadWrite)?;
+    // Copies through `src_ctx` (the first granted), reachable from both devices.
+    let view = access.slice::<u8>()?.slice(..GIB)?;
+    let (dst_ptr, src_ptr) = (dst.as_mut_slice().as_raw_ptr(), view.as_raw_ptr());
+    let mut safe = || pull(dst, &view, GIB);
+    // SAFETY: `dst_ptr` is `dst`'s `GIB` bytes of `cuMemAlloc` memory in `dst_ctx`; `src_ptr` is
+    // `GIB` bytes of `mapping`, granted to both devices by `access`; all outlive the closure, and
+    // nothing else uses them meanwhile (the safe closure runs only between raw runs).
+    let mut raw = || unsafe { raw_peer(dst_ctx, dst_ptr, src_ctx, src_ptr, GIB) };
+    warm_up(0.25, &mut safe, &mut raw)?;
+    let (safe_t, raw_t, paired) = race_paired(50, &mut safe, &mut raw)?;
+    rows.push(
+        Row::gbs(
+            format!("{label} direct 1 GiB, VMM src granted to both vs cuMemcpyPeer (GB/s)"),
+            GIB,
+            safe_t,
+            raw_t,
+            "safe/raw >= 0.99",
+        )
+        .with_paired_times(paired),
+    );
+    Ok(())
+}
+
+/// The reference row, with no access in either direction (no guard, no grant): the crate's
+/// `Route::Auto` on plain views, which stages through a reused `Staging`, against raw `cuMemcpyPeer`,
+/// which the driver then stages itself (the old call of `Route::Direct`).
+fn without_access(
+    src: &DeviceBuffer<'_, u8>,
+    dst: &mut DeviceBuffer<'_, u8>,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    let (src_ctx, dst_ctx) = (src.context(), dst.context());
+    // Every guard of this bench has ended (disabled, with its error reported); ask the driver too.
+    ensure_access_off(dst_ctx, src_ctx)?;
+    ensure_access_off(src_ctx, dst_ctx)?;
+    let mut staging = Staging::new(src_ctx, STAGING_CHUNK_BYTES)?;
+    let plain = src.as_slice();
+    let (dst_ptr, src_ptr) = (dst.as_mut_slice().as_raw_ptr(), plain.as_raw_ptr());
+    let mut safe = || -> BenchResult<()> {
+        let path = copy_between_with(&mut dst.as_mut_slice(), &plain, Route::Auto, &mut staging)?;
+        if path == CopyPath::Staged {
+            Ok(())
+        } else {
+            Err(format!("Route::Auto between plain views took {path:?}, not Staged").into())
+        }
+    };
+    let mut raw = || -> BenchResult<()> {
+        // SAFETY: `dst_ptr` is `dst`'s `GIB` bytes of `cuMemAlloc` memory in `dst_ctx`, `src_ptr`
+        // `src`'s in `src_ctx` (the driver reaches it by staging); both outlive the closure and
+        // nothing else uses them meanwhile.
+        unsafe { raw_peer(dst_ctx, dst_ptr, src_ctx, src_ptr, GIB) }?;
+        // The driver's own staging involves both devices: wait on the source's context as well, so
+        // the figure surely covers the whole copy (microseconds against tens of milliseconds).
+        Ok(src_ctx.synchronize()?)
+    };
+    warm_up(0.2, &mut safe, &mut raw)?;
+    let (safe_t, raw_t, paired) = race_paired(20, &mut safe, &mut raw)?;
+    rows.push(
+        Row::gbs(
+            format!(
+                "{} 1 GiB, crate Auto without access (staged) vs driver's hidden staging (cuMemcpyPeer) (GB/s)",
+                pair_label(src_ctx, dst_ctx)
+            ),
+            GIB,
+            safe_t,
+            raw_t,
+            "report",
+        )
+        .with_paired_times(paired),
+    );
+    Ok(())
+}
+
+/// Makes sure context peer access `from -> to` is off, asking the driver: `cuCtxDisablePeerAccess`
+/// answers 705 (`PEER_ACCESS_NOT_ENABLED`) where it is. Where it answers 0 instead, access was still
+/// on (no guard of this bench leaves it so); it is off now, and a line says so. A direction the driver
+/// reports no link for cannot have been enabled, and is not asked.
+fn ensure_access_off(from: &Context, to: &Context) -> BenchResult<()> {
+    if can_access_peer(from.device(), to.device())?.is_none() {
+        return Ok(());
+    }
+    from.bind_to_thread()?;
+    // SAFETY: `from` is current (bound just above) and `to` is a retained context (borrowed). No peer
+    // guard of this bench is live here (each was disabled before its function returned), so no view
+    // relies on this access.
+    let code = unsafe { raw::cuCtxDisablePeerAccess(to.as_raw().cast()) };
+    match DriverError::from_raw(code) {
+        Some(e) if e == DriverError::PEER_ACCESS_NOT_ENABLED => Ok(()),
+        None => {
+            println!(
+                "note: peer access GPU {} -> GPU {} was still enabled; disabled for the row without access",
+                from.device().ordinal(),
+                to.device().ordinal()
+            );
+            Ok(())
+        }
+        Some(e) => Err(e.into()),
+    }
 }
