@@ -63,8 +63,8 @@ impl<'a> Contexts<'a> {
     /// The devices besides a view's own that reach the granted memory: every granted device.
     fn reach(self) -> Reach<'a> {
         match self {
-            Contexts::One(_) => &[],
-            Contexts::Many(cs) => cs,
+            Contexts::One(_) => Reach::NONE,
+            Contexts::Many(cs) => Reach::Borrowed(cs),
         }
     }
 

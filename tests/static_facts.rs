@@ -70,13 +70,18 @@ assert_eq_size!(DriverError, u32);
 assert_eq_size!(Option<DriverError>, u32);
 assert_eq_size!(cuda_vmm::Result<()>, u32);
 // A context is its handle plus its device. A view is the address, length and the context copies use,
-// plus the other contexts whose devices reach its memory (a slice reference: the grant's list, the
-// owner of a peer view's memory, or none), which copies between devices read to choose their path.
+// plus the other contexts whose devices reach its memory, which copies between devices read to choose
+// their path: a slice reference (the grant's list, the owner of a peer view's memory, none, or an owned
+// buffer's access set) and a word that says whether the slice holds `&Context`s or `Context`s. That
+// word is the one cost of sharing the view types between the borrowed and the owned layer.
 assert_eq_size!(Context, (usize, i32));
-assert_eq_size!(DeviceSlice<'static, u32>, (u64, usize, usize, &[&Context]));
+assert_eq_size!(
+    DeviceSlice<'static, u32>,
+    (u64, usize, usize, usize, &[&Context])
+);
 assert_eq_size!(
     DeviceSliceMut<'static, u32>,
-    (u64, usize, usize, &[&Context])
+    (u64, usize, usize, usize, &[&Context])
 );
 // A peer-access guard is its two contexts' addresses; a link is its two device ordinals.
 assert_eq_size!(PeerAccess<'static>, (usize, usize));
