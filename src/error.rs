@@ -479,6 +479,25 @@ pub enum Error {
         /// What the argument is, such as `"device ordinal"`.
         what: &'static str,
     },
+    /// A byte range of a [`VirtualBuffer`](crate::VirtualBuffer) that does not fit its pages: a new
+    /// page over bytes already mapped, a view over bytes not mapped, an unmap that would cut a page in
+    /// two. Checked before any driver call.
+    PageRange {
+        /// The first byte of the range, counted from the buffer's base.
+        start: usize,
+        /// The end of the range (exclusive).
+        end: usize,
+        /// What is wrong with those bytes, such as `"are mapped already"`.
+        problem: &'static str,
+    },
+    /// A driver call failed, and undoing the steps the operation had already taken failed too: the
+    /// operation could not leave things as they were, and its documentation says what it left.
+    CleanupFailed {
+        /// The error that made the operation fail.
+        error: DriverError,
+        /// The error of the undoing.
+        cleanup: DriverError,
+    },
 }
 
 impl Error {
@@ -550,6 +569,15 @@ impl fmt::Display for Error {
             Error::InvalidArgument { what } => {
                 write!(f, "{what} cannot be represented by the driver")
             }
+            Error::PageRange {
+                start,
+                end,
+                problem,
+            } => write!(f, "bytes {start}..{end} of the virtual buffer {problem}"),
+            Error::CleanupFailed { error, cleanup } => write!(
+                f,
+                "CUDA driver call failed: {error}; undoing the steps before it failed too: {cleanup}"
+            ),
         }
     }
 }
@@ -557,7 +585,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Driver(error) => Some(error),
+            Error::Driver(error) | Error::CleanupFailed { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -719,5 +747,39 @@ mod tests {
             assert!(error.source().is_none(), "{error:?}");
             assert_eq!(error.driver(), None);
         }
+    }
+
+    #[test]
+    fn page_range_and_cleanup_failed_display_and_source() {
+        let range = Error::PageRange {
+            start: 2 << 20,
+            end: 4 << 20,
+            problem: "are mapped already",
+        };
+        assert_eq!(
+            range.to_string(),
+            "bytes 2097152..4194304 of the virtual buffer are mapped already"
+        );
+        assert!(range.source().is_none());
+        assert_eq!(range.driver(), None);
+
+        let cleanup = Error::CleanupFailed {
+            error: DriverError::INVALID_VALUE,
+            cleanup: DriverError::UNKNOWN,
+        };
+        assert_eq!(
+            cleanup.to_string(),
+            "CUDA driver call failed: CUDA_ERROR_INVALID_VALUE (1): invalid argument; undoing the \
+             steps before it failed too: CUDA_ERROR_UNKNOWN (999): unknown error"
+        );
+        // Distinct from a plain driver error: code that matches `driver()` to retry sees `None`, and
+        // the failure that started it is the source.
+        assert_eq!(cleanup.driver(), None);
+        assert_eq!(
+            cleanup
+                .source()
+                .and_then(|s| s.downcast_ref::<DriverError>()),
+            Some(&DriverError::INVALID_VALUE)
+        );
     }
 }

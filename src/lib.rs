@@ -101,6 +101,7 @@ mod device;
 mod error;
 mod mapping;
 mod module;
+mod owned;
 mod peer;
 mod physical;
 mod reservation;
@@ -114,6 +115,7 @@ pub use device::{Context, Device, driver_version, init};
 pub use error::{DriverError, Error, Result};
 pub use mapping::Mapping;
 pub use module::{Function, Module};
+pub use owned::{BufferStats, PageInfo, VirtualBuffer};
 pub use peer::{P2PAttributes, PeerAccess, PeerLink, can_access_peer, p2p_attributes};
 pub use physical::{
     AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,
