@@ -9,6 +9,7 @@ use cuda_vmm::{
     P2PAttributes, PeerAccess, PeerLink, PhysicalAllocation, ReadOnly, ReadWrite, Region, Route,
     ScopedAccess, VirtualReservation,
 };
+use cuda_vmm::{BufferStats, PageInfo, VirtualBuffer};
 use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
 
 // Owned driver objects move between threads and are shared by reference: the driver API is
@@ -101,3 +102,17 @@ assert_eq_size!(ReadOnly, ());
 // Staging memory is owned outright and has no thread affinity.
 assert_impl_all!(cuda_vmm::Staging: Send, Sync);
 assert_not_impl_any!(cuda_vmm::Staging: Clone, Copy);
+
+// The owned layer: a buffer owns its reservation, pages and contexts outright, so it has no lifetime,
+// moves between threads and is shared by reference (its views are the shared view types above). It
+// is never copied: a copy would unmap, release and free everything twice.
+assert_impl_all!(VirtualBuffer<ReadWrite>: Send, Sync);
+assert_impl_all!(VirtualBuffer<ReadOnly>: Send, Sync);
+assert_not_impl_any!(VirtualBuffer<ReadWrite>: Clone, Copy);
+assert_not_impl_any!(VirtualBuffer<ReadOnly>: Clone, Copy);
+assert_impl_all!(BufferStats: Send, Sync, Copy);
+assert_impl_all!(PageInfo: Send, Sync, Copy);
+/// Compiles only for `'static` types: a buffer can live in a struct field, a `Vec`, a thread.
+const fn owned_outright<T: 'static + Send>() {}
+const _: () = owned_outright::<VirtualBuffer<ReadWrite>>();
+const _: () = owned_outright::<VirtualBuffer<ReadOnly>>();
