@@ -63,6 +63,13 @@
 //! | peer memory is not used after its access ends | use of peer memory after `cuCtxDisablePeerAccess` | `peer/peer_view_after_guard_ended`, `peer/guard_disabled_while_view_lives` |
 //! | a scoped grant does not outlive its mapping, nor its views the grant | use after unmap or revoke | `peer/scoped_grant_outlives_mapping`, `peer/scoped_view_outlives_grant` |
 //! | the access a direct copy between devices relies on lives as long as the view that carries it | a copy over the link after access ended | `peer/direct_copy_source_outlives_grant` |
+//! | a view of a [`VirtualBuffer`] is not kept across an unmap, a shrink or a change of the access set, nor past the buffer | use after unmap, release or revoke | `owned/buffer_view_kept_across_unmap`, `owned/buffer_view_kept_across_shrink`, `owned/buffer_view_kept_across_access_change`, `owned/buffer_view_outlives_buffer` |
+//! | a read-only [`VirtualBuffer`] gives no write path | write to a read-only mapping | `owned/read_only_buffer_written` |
+//! | one writable view of a [`VirtualBuffer`] at a time | two writers of one range | `owned/buffer_two_writable_views` |
+//!
+//! Which pages of a [`VirtualBuffer`] are mapped is a run-time value, so a new page over a mapped one,
+//! an unmap that would cut a page and a view over bytes not mapped are refused at run time, before
+//! any driver call ([`Error::PageRange`]).
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
@@ -73,6 +80,14 @@
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
 //! and keeps its borrows' owners alive in the driver, nothing more.
+//!
+//! # Owned or borrowed
+//! The types above are the borrowed layer: their lifetimes prove the driver's order, so they live in
+//! one scope. [`VirtualBuffer`] is the owned layer beside it, as std's `OwnedFd` is beside
+//! `BorrowedFd`: it owns one reservation, the pages mapped into it (at any offset, of any device) and
+//! its access set, so it has no lifetime and can live in a struct field for hours. Every change of
+//! its pages or access set takes `&mut self`, and its views are the same [`DeviceSlice`] and
+//! [`DeviceSliceMut`] as the borrowed layer's.
 //!
 //! # Several GPUs
 //! Context peer access ([`PeerAccess`], for [`DeviceBuffer`] memory) and VMM grants
