@@ -479,11 +479,12 @@ pub enum Error {
         /// What the argument is, such as `"device ordinal"`.
         what: &'static str,
     },
-    /// A byte range of a [`VirtualBuffer`](crate::VirtualBuffer) that does not fit its pages: a new
-    /// page over bytes already mapped, a view over bytes not mapped, an unmap that would cut a page in
-    /// two. Checked before any driver call.
+    /// A byte range of a reservation of the owned layer ([`VirtualBuffer`](crate::VirtualBuffer),
+    /// [`SharedReservation`](crate::SharedReservation)) that does not fit what is mapped there: a new
+    /// page or mapping over bytes already mapped, a view over bytes not mapped, an unmap that would
+    /// cut a page in two. Checked before any driver call.
     PageRange {
-        /// The first byte of the range, counted from the buffer's base.
+        /// The first byte of the range, counted from the reservation's base.
         start: usize,
         /// The end of the range (exclusive).
         end: usize,
@@ -573,7 +574,7 @@ impl fmt::Display for Error {
                 start,
                 end,
                 problem,
-            } => write!(f, "bytes {start}..{end} of the virtual buffer {problem}"),
+            } => write!(f, "bytes {start}..{end} of the reserved range {problem}"),
             Error::CleanupFailed { error, cleanup } => write!(
                 f,
                 "CUDA driver call failed: {error}; undoing the steps before it failed too: {cleanup}"
@@ -758,7 +759,7 @@ mod tests {
         };
         assert_eq!(
             range.to_string(),
-            "bytes 2097152..4194304 of the virtual buffer are mapped already"
+            "bytes 2097152..4194304 of the reserved range are mapped already"
         );
         assert!(range.source().is_none());
         assert_eq!(range.driver(), None);

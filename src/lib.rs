@@ -66,10 +66,11 @@
 //! | a view of a [`VirtualBuffer`] is not kept across an unmap, a shrink or a change of the access set, nor past the buffer | use after unmap, release or revoke | `owned/buffer_view_kept_across_unmap`, `owned/buffer_view_kept_across_shrink`, `owned/buffer_view_kept_across_access_change`, `owned/buffer_view_outlives_buffer` |
 //! | a read-only [`VirtualBuffer`] gives no write path | write to a read-only mapping | `owned/read_only_buffer_written` |
 //! | one writable view of a [`VirtualBuffer`] at a time | two writers of one range | `owned/buffer_two_writable_views` |
+//! | an [`OwnedMapping`] is not used past its unmap, is unmapped once, and has one grant in use at a time | use after unmap, double unmap, a grant widened under its views | `owned/mapping_view_outlives_mapping`, `owned/mapping_unmapped_twice`, `owned/mapping_in_struct_granted_twice` |
 //!
-//! Which pages of a [`VirtualBuffer`] are mapped is a run-time value, so a new page over a mapped one,
-//! an unmap that would cut a page and a view over bytes not mapped are refused at run time, before
-//! any driver call ([`Error::PageRange`]).
+//! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
+//! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
+//! over bytes not mapped are refused at run time, before any driver call ([`Error::PageRange`]).
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
@@ -87,7 +88,8 @@
 //! `BorrowedFd`: it owns one reservation, the pages mapped into it (at any offset, of any device) and
 //! its access set, so it has no lifetime and can live in a struct field for hours. Every change of
 //! its pages or access set takes `&mut self`, and its views are the same [`DeviceSlice`] and
-//! [`DeviceSliceMut`] as the borrowed layer's.
+//! [`DeviceSliceMut`] as the borrowed layer's. An [`OwnedMapping`] owns one allocation mapped into a
+//! [`SharedReservation`] and a share of that reservation, and is granted like a [`Mapping`].
 //!
 //! # Several GPUs
 //! Context peer access ([`PeerAccess`], for [`DeviceBuffer`] memory) and VMM grants
@@ -130,7 +132,7 @@ pub use device::{Context, Device, driver_version, init};
 pub use error::{DriverError, Error, Result};
 pub use mapping::Mapping;
 pub use module::{Function, Module};
-pub use owned::{BufferStats, PageInfo, VirtualBuffer};
+pub use owned::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};
 pub use peer::{P2PAttributes, PeerAccess, PeerLink, can_access_peer, p2p_attributes};
 pub use physical::{
     AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,

@@ -11,10 +11,17 @@
 //!   contexts of its access set. Structural changes take `&mut self`, so no view survives them; views
 //!   borrow the buffer. It is `'static` and `Send`, and its `Drop` unmaps, releases and frees in the
 //!   driver's order.
+//! - [`OwnedMapping`] owns one physical allocation mapped into a [`SharedReservation`], and a share
+//!   of that reservation (an `Arc`), so it can live in a `Vec` or a struct field. The reservation
+//!   records the mapped ranges at run time, so two owned mappings never overlap; grants and views are
+//!   the borrowed layer's [`Access`](crate::Access), borrowed from the mapping.
 //!
 //! Both layers hand out the same views, [`DeviceSlice`](crate::DeviceSlice) and
 //! [`DeviceSliceMut`](crate::DeviceSliceMut), so copies and kernel launches are written once.
 
 mod buffer;
+mod mapping;
+mod pages;
 
 pub use buffer::{BufferStats, PageInfo, VirtualBuffer};
+pub use mapping::{OwnedMapping, SharedReservation};

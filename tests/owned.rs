@@ -1,6 +1,7 @@
 //! The owned layer against a real driver: `VirtualBuffer` grown a thousand times, pages mapped and
-//! released in the middle, faults injected, owned by many threads, striped over every GPU. Every test
-//! skips visibly without a GPU (the striped one also with fewer than two).
+//! released in the middle, faults injected, owned by many threads, striped over every GPU; owned
+//! mappings kept in `Vec`s and struct fields, and raced for by many threads. Every test skips visibly
+//! without a GPU (the striped one also with fewer than two).
 //!
 //! The tests measure free device memory to the byte, so they take one lock each, from before their
 //! first context to after their last, as `tests/leaks.rs` does.
@@ -9,8 +10,8 @@ mod common;
 
 use common::{gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
-    Context, Device, DriverError, Error, Granularity, PageInfo, PhysicalAllocation, ReadOnly,
-    ReadWrite, VirtualBuffer, align_size, allocation_granularity,
+    Context, Device, DriverError, Error, Granularity, OwnedMapping, PageInfo, PhysicalAllocation,
+    ReadOnly, ReadWrite, SharedReservation, VirtualBuffer, align_size, allocation_granularity,
 };
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
@@ -655,4 +656,184 @@ fn striped_round(devices: &[Device]) {
     );
     src.free().unwrap();
     dst.free().unwrap();
+}
+
+/// An engine's state: memory kept in fields, no lifetimes.
+struct Engine {
+    weights: OwnedMapping,
+    scratch: Vec<OwnedMapping>,
+}
+
+/// Reads the engine's weights (which hold the pattern of `seed`) on this thread, in a context of its
+/// own, drops the scratch mappings and hands the weights back.
+fn engine_on_another_thread(mut engine: Engine, seed: u32) -> OwnedMapping {
+    let device = match engine.weights.memory().location() {
+        cuda_vmm::Location::Device(device) => device,
+        other => panic!("weights in {other:?}"),
+    };
+    let ctx = Context::new(device).unwrap();
+    let words = engine.weights.size() / 4;
+    let access = engine.weights.grant(&ctx, ReadOnly).unwrap();
+    let got = access.slice::<u32>().unwrap().to_vec().unwrap();
+    assert!(
+        got == pattern(words, seed),
+        "the weights, read on another thread"
+    );
+    engine.scratch.clear();
+    engine.weights
+}
+
+/// Owned mappings live in a `Vec` and in struct fields, outlive the reservation handle they were made
+/// from, never overlap (checked at run time, naming the mapping in the way), give their memory back
+/// on `unmap` to be mapped again, and free memory comes back to the byte.
+#[test]
+fn owned_mappings_live_in_vecs_and_never_overlap() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("owned_mappings_live_in_vecs_and_never_overlap") else {
+        return;
+    };
+    let g = granularity(device);
+    warm_up(device);
+    let free_before = free_memory(&ctx);
+    let memory = |size: usize| PhysicalAllocation::new(device, size).unwrap();
+
+    let reservation = SharedReservation::new(16 * g, 0).unwrap();
+    let base = reservation.base();
+    // Every other granule.
+    let mut mappings: Vec<OwnedMapping> = (0..8)
+        .map(|i| reservation.map(2 * i * g, memory(g)).unwrap())
+        .collect();
+    // Refused before any driver call: over a mapping (named), across one, unaligned, past the end.
+    assert_eq!(
+        reservation.map(2 * g, memory(g)).unwrap_err(),
+        Error::PageRange {
+            start: 2 * g,
+            end: 3 * g,
+            problem: "are mapped already"
+        }
+    );
+    assert!(matches!(
+        reservation.map(g, memory(2 * g)),
+        Err(Error::PageRange { start, end, .. }) if (start, end) == (2 * g, 3 * g)
+    ));
+    assert!(matches!(
+        reservation.map(g / 2, memory(g)),
+        Err(Error::NotAligned { .. })
+    ));
+    assert!(matches!(
+        reservation.map(16 * g, memory(g)),
+        Err(Error::OutOfBounds { .. })
+    ));
+    // The holes take mappings of their own.
+    for i in 0..8 {
+        mappings.push(reservation.map((2 * i + 1) * g, memory(g)).unwrap());
+    }
+    let all: Vec<core::ops::Range<usize>> = (0..16).map(|i| i * g..(i + 1) * g).collect();
+    assert_eq!(reservation.mapped(), all);
+    for mapping in &mut mappings {
+        let seed = (mapping.offset() / g) as u32;
+        let mut access = mapping.grant(&ctx, ReadWrite).unwrap();
+        assert_eq!(access.as_raw_ptr(), base + (seed as usize * g) as u64);
+        access
+            .slice_mut::<u32>()
+            .unwrap()
+            .copy_from_host(&pattern(g / 4, seed))
+            .unwrap();
+    }
+    // The mappings keep the range reserved without the handle.
+    drop(reservation);
+    let handle = mappings[0].reservation().clone();
+
+    // Drop a third of them, from the middle of the `Vec`: their ranges are free again.
+    mappings.retain(|m| (m.offset() / g) % 3 != 1);
+    assert_eq!(handle.mapped().len(), mappings.len());
+    for mapping in &mut mappings {
+        let seed = (mapping.offset() / g) as u32;
+        let access = mapping.grant(&ctx, ReadOnly).unwrap();
+        let got = access.slice::<u32>().unwrap().to_vec().unwrap();
+        assert!(got == pattern(g / 4, seed), "mapping at granule {seed}");
+    }
+    // `unmap` gives the memory back; mapped again in a freed range, it still holds its bytes.
+    let moved = mappings.pop().unwrap();
+    let seed = (moved.offset() / g) as u32;
+    let kept_memory = moved.unmap().unwrap();
+    let mut again = handle.map(g, kept_memory).unwrap();
+    let got = again
+        .grant(&ctx, ReadOnly)
+        .unwrap()
+        .slice::<u32>()
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert!(
+        got == pattern(g / 4, seed),
+        "the memory moved with its bytes"
+    );
+
+    // Struct fields, and another thread: an owned mapping is `'static` and `Send`.
+    let engine = Engine {
+        weights: again,
+        scratch: mappings.drain(..3).collect(),
+    };
+    let weights = std::thread::spawn(move || engine_on_another_thread(engine, seed))
+        .join()
+        .unwrap();
+    drop((weights, mappings));
+    assert!(handle.mapped().is_empty());
+    assert!(handle.free().unwrap(), "the last share frees the range");
+    assert_eq!(
+        free_memory(&ctx),
+        free_before,
+        "the memory is back to the byte"
+    );
+}
+
+/// 16 threads race to map the same 32 offsets of one shared reservation: the run-time bookkeeping
+/// lets exactly one mapping take each range, and the losers' memory is released.
+#[test]
+fn threads_racing_for_one_range_get_one_mapping_each() {
+    const THREADS: usize = 16;
+    const RANGES: usize = 32;
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("threads_racing_for_one_range_get_one_mapping_each")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    warm_up(device);
+    let free_before = free_memory(&ctx);
+    let reservation = SharedReservation::new(RANGES * g, 0).unwrap();
+    let won: Vec<Vec<OwnedMapping>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let reservation = reservation.clone();
+                s.spawn(move || {
+                    let mut won = Vec::new();
+                    for i in 0..RANGES {
+                        let range = (i + t) % RANGES;
+                        let memory = PhysicalAllocation::new(device, g).unwrap();
+                        match reservation.map(range * g, memory) {
+                            Ok(mapping) => won.push(mapping),
+                            Err(Error::PageRange { .. }) => {}
+                            Err(e) => panic!("thread {t}, range {range}: {e}"),
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        threads.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut offsets: Vec<usize> = won.iter().flatten().map(OwnedMapping::offset).collect();
+    offsets.sort_unstable();
+    let expected: Vec<usize> = (0..RANGES).map(|i| i * g).collect();
+    assert_eq!(offsets, expected, "exactly one mapping per range");
+    drop(won);
+    assert!(reservation.mapped().is_empty());
+    drop(reservation);
+    assert_eq!(
+        free_memory(&ctx),
+        free_before,
+        "the losers' memory was released"
+    );
 }

@@ -9,7 +9,7 @@ use cuda_vmm::{
     P2PAttributes, PeerAccess, PeerLink, PhysicalAllocation, ReadOnly, ReadWrite, Region, Route,
     ScopedAccess, VirtualReservation,
 };
-use cuda_vmm::{BufferStats, PageInfo, VirtualBuffer};
+use cuda_vmm::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};
 use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
 
 // Owned driver objects move between threads and are shared by reference: the driver API is
@@ -116,3 +116,12 @@ assert_impl_all!(PageInfo: Send, Sync, Copy);
 const fn owned_outright<T: 'static + Send>() {}
 const _: () = owned_outright::<VirtualBuffer<ReadWrite>>();
 const _: () = owned_outright::<VirtualBuffer<ReadOnly>>();
+// An owned mapping owns its memory and a share of its reservation: no lifetime, movable between
+// threads. A reservation handle is a shared `Arc` (cloning shares the range); a mapping is not
+// copyable (a copy would unmap twice).
+assert_impl_all!(SharedReservation: Send, Sync, Clone);
+assert_impl_all!(OwnedMapping: Send, Sync);
+assert_not_impl_any!(OwnedMapping: Clone, Copy);
+assert_not_impl_any!(SharedReservation: Copy);
+const _: () = owned_outright::<OwnedMapping>();
+const _: () = owned_outright::<SharedReservation>();
