@@ -120,6 +120,15 @@ fn debug_view(
 
 /// `[start, end)` of `range` over `0..len`, or a clear error.
 fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize), Error> {
+    range_bounds(range, len, "slice range")
+}
+
+/// `[start, end)` of `range` over `0..len`, or a clear error naming the range `what`.
+pub(crate) fn range_bounds(
+    range: impl RangeBounds<usize>,
+    len: usize,
+    what: &'static str,
+) -> Result<(usize, usize), Error> {
     let start = match range.start_bound() {
         Bound::Included(&s) => Some(s),
         Bound::Excluded(&s) => s.checked_add(1),
@@ -131,13 +140,11 @@ fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize), 
         Bound::Unbounded => Some(len),
     };
     let (Some(start), Some(end)) = (start, end) else {
-        return Err(Error::Overflow {
-            what: "slice range",
-        });
+        return Err(Error::Overflow { what });
     };
     if start > end || end > len {
         return Err(Error::OutOfBounds {
-            what: "slice range",
+            what,
             start,
             end,
             len,

@@ -14,9 +14,12 @@ use crate::mapping::set_access;
 use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::reservation::VirtualReservation;
 use crate::sys;
-use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
+use crate::view::{DeviceSlice, DeviceSliceMut, Reach, range_bounds};
 
-use super::pages::{Span, byte_bounds, check_covered, insertion_point, pages_inside};
+use super::pages::{Span, check_covered, check_new_range, insertion_point, pages_inside};
+
+/// What a range out of a buffer's bounds is out of, in errors.
+const BUDGET: &str = "virtual buffer's address budget";
 
 /// Counts of the driver calls a [`VirtualBuffer`] made on its pages, since it was created.
 ///
@@ -339,7 +342,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemUnmap")]
     #[doc(alias = "cuMemRelease")]
     pub fn unmap(&mut self, range: impl RangeBounds<usize>) -> Result<usize, Error> {
-        let (start, end) = byte_bounds(range, self.budget)?;
+        let (start, end) = range_bounds(range, self.budget, BUDGET)?;
         let span = pages_inside(&self.pages, start, end)?;
         self.unmap_span(span)
     }
@@ -409,32 +412,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// Checks a new page against the granularity, the budget and the mapped pages; the index it goes
     /// to in `pages`.
     fn check_new_page(&self, offset: usize, device: Device, size: usize) -> Result<usize, Error> {
-        if size == 0 {
-            return Err(Error::ZeroSize { what: "page size" });
-        }
         let granularity = granularity(device)?;
-        check_multiple("page size", size, granularity)?;
-        check_multiple("page offset", offset, granularity)?;
-        let end = offset.checked_add(size).ok_or(Error::Overflow {
-            what: "page offset + size",
-        })?;
-        if end > self.budget {
-            return Err(Error::OutOfBounds {
-                what: "virtual buffer's address budget",
-                start: offset,
-                end,
-                len: self.budget,
-            });
-        }
-        // The reservation is aligned to the access set's granularities; a page of another device may
-        // need more.
-        let address = usize::try_from(self.base)
-            .ok()
-            .and_then(|base| base.checked_add(offset))
-            .ok_or(Error::Overflow {
-                what: "page address",
-            })?;
-        check_multiple("page address", address, granularity)?;
+        let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
         insertion_point(&self.pages, offset, end)
     }
 
@@ -568,7 +547,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
 
     /// `[base + start, base + end)` for a view of `T`s, checked: whole elements, mapped and granted.
     fn view_range<T>(&self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
-        let (start, end) = byte_bounds(bytes, self.budget)?;
+        let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;

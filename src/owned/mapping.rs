@@ -10,11 +10,11 @@ use crate::access::{Access, AccessMode, Contexts};
 use crate::device::Context;
 use crate::error::{DriverError, Error, check};
 use crate::mapping::{revoke, set_access};
-use crate::physical::{PhysicalAllocation, check_multiple};
+use crate::physical::PhysicalAllocation;
 use crate::reservation::VirtualReservation;
 use crate::sys;
 
-use super::pages::{Span, insertion_point};
+use super::pages::{Span, check_new_range, insertion_point};
 
 /// A reserved address range shared by the [`OwnedMapping`]s made in it: `cuMemAddressReserve` once,
 /// `cuMemAddressFree` when the last handle and the last mapping are gone.
@@ -128,25 +128,8 @@ impl SharedReservation {
     #[doc(alias = "cuMemMap")]
     pub fn map(&self, offset: usize, memory: PhysicalAllocation) -> Result<OwnedMapping, Error> {
         let size = memory.size();
-        check_multiple("mapping offset", offset, memory.granularity())?;
-        let end = offset.checked_add(size).ok_or(Error::Overflow {
-            what: "mapping offset + size",
-        })?;
-        if end > self.size() {
-            return Err(Error::OutOfBounds {
-                what: "reservation",
-                start: offset,
-                end,
-                len: self.size(),
-            });
-        }
-        let address = usize::try_from(self.base())
-            .ok()
-            .and_then(|base| base.checked_add(offset))
-            .ok_or(Error::Overflow {
-                what: "mapping address",
-            })?;
-        check_multiple("mapping address", address, memory.granularity())?;
+        let range = (self.base(), self.size(), "reservation");
+        let end = check_new_range(range, offset, size, memory.granularity())?;
         {
             let mut mapped = self.lock();
             let index = insertion_point(&mapped, offset, end)?;

@@ -2,9 +2,10 @@
 //! ranges a view or an unmap covers. Pure integer arithmetic over sorted, disjoint ranges, so that it
 //! is property-tested without a driver (and under Miri).
 
-use core::ops::{Bound, Range, RangeBounds};
+use core::ops::Range;
 
 use crate::error::Error;
+use crate::physical::check_multiple;
 
 /// The bytes a page covers, `[start, end)`, and whether it is granted: what the bookkeeping below
 /// reads of a page (so that it can be tested without a driver).
@@ -96,38 +97,47 @@ pub(super) fn pages_inside<S: Span>(
     Ok(first..last)
 }
 
-/// `[start, end)` of a byte range over `0..budget`, or a clear error.
-pub(super) fn byte_bounds(
-    range: impl RangeBounds<usize>,
-    budget: usize,
-) -> Result<(usize, usize), Error> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => Some(s),
-        Bound::Excluded(&s) => s.checked_add(1),
-        Bound::Unbounded => Some(0),
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1),
-        Bound::Excluded(&e) => Some(e),
-        Bound::Unbounded => Some(budget),
-    };
-    let (Some(start), Some(end)) = (start, end) else {
-        return Err(Error::Overflow { what: "byte range" });
-    };
-    if start > end || end > budget {
-        return Err(Error::OutOfBounds {
-            what: "virtual buffer's address budget",
-            start,
-            end,
-            len: budget,
+/// Checks a new mapping of `size` bytes at byte `offset` of a reserved range of `len` bytes at `base`,
+/// before any driver call: a non-zero size, and size, offset and address multiples of the memory's
+/// `granularity`, inside the range (`what` names the range in the error). The mapping's end.
+pub(super) fn check_new_range(
+    (base, len, what): (u64, usize, &'static str),
+    offset: usize,
+    size: usize,
+    granularity: usize,
+) -> Result<usize, Error> {
+    if size == 0 {
+        return Err(Error::ZeroSize {
+            what: "mapping size",
         });
     }
-    Ok((start, end))
+    check_multiple("mapping size", size, granularity)?;
+    check_multiple("mapping offset", offset, granularity)?;
+    let end = offset.checked_add(size).ok_or(Error::Overflow {
+        what: "mapping offset + size",
+    })?;
+    if end > len {
+        return Err(Error::OutOfBounds {
+            what,
+            start: offset,
+            end,
+            len,
+        });
+    }
+    // The range is aligned as its owner asked; memory of another device may need more.
+    let address = usize::try_from(base)
+        .ok()
+        .and_then(|base| base.checked_add(offset))
+        .ok_or(Error::Overflow {
+            what: "mapping address",
+        })?;
+    check_multiple("mapping address", address, granularity)?;
+    Ok(end)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Span, byte_bounds, check_covered, insertion_point, pages_inside};
+    use super::{Span, check_covered, check_new_range, insertion_point, pages_inside};
     use crate::Error;
     use proptest::prelude::*;
 
@@ -237,27 +247,51 @@ mod tests {
                 Err(e) => prop_assert!(false, "unexpected error {e}"),
             }
         }
-
-        #[test]
-        fn byte_bounds_accept_exactly_the_ranges_inside(a in any::<usize>(), b in any::<usize>(), budget in any::<usize>()) {
-            prop_assert_eq!(byte_bounds(a..b, budget).is_ok(), a <= b && b <= budget);
-            prop_assert_eq!(byte_bounds(a.., budget).ok(), (a <= budget).then_some((a, budget)));
-        }
     }
 
     #[test]
-    fn byte_bounds_edges() {
-        assert_eq!(byte_bounds(.., 10), Ok((0, 10)));
+    fn new_ranges_are_checked_before_the_driver() {
+        let g = 2 << 20;
+        let range = (64 * g as u64, 8 * g, "reservation");
+        assert_eq!(check_new_range(range, 2 * g, 3 * g, g), Ok(5 * g));
+        assert_eq!(check_new_range(range, 5 * g, 3 * g, g), Ok(8 * g));
         assert!(matches!(
-            byte_bounds(..=usize::MAX, usize::MAX),
-            Err(Error::Overflow { .. })
+            check_new_range(range, 0, 0, g),
+            Err(Error::ZeroSize { .. })
         ));
         assert!(matches!(
-            byte_bounds(4..12, 10),
+            check_new_range(range, 0, g + 1, g),
+            Err(Error::NotAligned {
+                what: "mapping size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            check_new_range(range, g / 2, g, g),
+            Err(Error::NotAligned {
+                what: "mapping offset",
+                ..
+            })
+        ));
+        assert_eq!(
+            check_new_range(range, 6 * g, 3 * g, g),
             Err(Error::OutOfBounds {
-                start: 4,
-                end: 12,
-                len: 10,
+                what: "reservation",
+                start: 6 * g,
+                end: 9 * g,
+                len: 8 * g
+            })
+        );
+        assert!(matches!(
+            check_new_range(range, usize::MAX - g + 1, g, g),
+            Err(Error::Overflow { .. })
+        ));
+        // A base aligned for one granularity but not for a larger one.
+        let odd_base = (g as u64, 8 * g, "reservation");
+        assert!(matches!(
+            check_new_range(odd_base, 2 * g, 2 * g, 2 * g),
+            Err(Error::NotAligned {
+                what: "mapping address",
                 ..
             })
         ));
