@@ -83,8 +83,8 @@ impl<'a> Contexts<'a> {
     /// The devices besides a view's own that reach the granted memory: every granted device.
     fn reach(self) -> Reach<'a> {
         match self {
-            Contexts::One(_) => &[],
-            Contexts::Many { all, .. } => all,
+            Contexts::One(_) => Reach::NONE,
+            Contexts::Many { all, .. } => Reach::Borrowed(all),
         }
     }
 

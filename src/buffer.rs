@@ -9,7 +9,7 @@ use crate::device::Context;
 use crate::error::{Error, check};
 use crate::peer::PeerAccess;
 use crate::sys;
-use crate::view::{DeviceSlice, DeviceSliceMut};
+use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 
 /// `len` values of `T` in memory from `cuMemAlloc`, freed with `cuMemFree` on drop.
 ///
@@ -144,13 +144,13 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     /// A read-only view of the whole buffer.
     #[must_use]
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
-        DeviceSlice::from_granted(self.ptr, self.len, self.context, &[])
+        DeviceSlice::from_granted(self.ptr, self.len, self.context, Reach::NONE)
     }
 
     /// A writable view of the whole buffer.
     #[must_use]
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        DeviceSliceMut::from_granted(self.ptr, self.len, self.context, &[])
+        DeviceSliceMut::from_granted(self.ptr, self.len, self.context, Reach::NONE)
     }
 
     /// A read-only view of the whole buffer for the *peer* context of `access`: copies (and kernels given
@@ -172,7 +172,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
             self.ptr,
             self.len,
             access.from(),
-            core::slice::from_ref(&self.context),
+            Reach::Borrowed(core::slice::from_ref(&self.context)),
         ))
     }
 
@@ -190,7 +190,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
             self.ptr,
             self.len,
             access.from(),
-            core::slice::from_ref(&self.context),
+            Reach::Borrowed(core::slice::from_ref(&self.context)),
         ))
     }
 

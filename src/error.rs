@@ -510,6 +510,18 @@ pub enum Error {
         /// What was being undone, such as `"mapping"` or `"grant"`.
         what: &'static str,
     },
+    /// A byte range of a reservation of the owned layer ([`VirtualBuffer`](crate::VirtualBuffer),
+    /// [`SharedReservation`](crate::SharedReservation)) that does not fit what is mapped there: a new
+    /// page or mapping over bytes already mapped, a view over bytes not mapped, an unmap that would
+    /// cut a page in two. Checked before any driver call.
+    PageRange {
+        /// The first byte of the range, counted from the reservation's base.
+        start: usize,
+        /// The end of the range (exclusive).
+        end: usize,
+        /// What is wrong with those bytes, such as `"are mapped already"`.
+        problem: &'static str,
+    },
 }
 
 impl Error {
@@ -594,6 +606,11 @@ impl fmt::Display for Error {
                 f,
                 "{error}; undoing the partial {what} failed too: {cleanup}"
             ),
+            Error::PageRange {
+                start,
+                end,
+                problem,
+            } => write!(f, "bytes {start}..{end} of the reserved range {problem}"),
         }
     }
 }
@@ -798,5 +815,22 @@ mod tests {
             assert!(error.source().is_none(), "{error:?}");
             assert_eq!(error.driver(), None);
         }
+    }
+
+    #[test]
+    fn page_range_display_and_source() {
+        let range = Error::PageRange {
+            start: 2 << 20,
+            end: 4 << 20,
+            problem: "are mapped already",
+        };
+        assert_eq!(
+            range.to_string(),
+            "bytes 2097152..4194304 of the reserved range are mapped already"
+        );
+        assert!(range.source().is_none());
+        assert_eq!(range.driver(), None);
+
+        // `CleanupFailed` itself is covered by `error_display_source_and_conversion`.
     }
 }

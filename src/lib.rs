@@ -63,6 +63,14 @@
 //! | peer memory is not used after its access ends | use of peer memory after `cuCtxDisablePeerAccess` | `peer/peer_view_after_guard_ended`, `peer/guard_disabled_while_view_lives` |
 //! | a scoped grant does not outlive its mapping, nor its views the grant | use after unmap or revoke | `peer/scoped_grant_outlives_mapping`, `peer/scoped_view_outlives_grant` |
 //! | the access a direct copy between devices relies on lives as long as the view that carries it | a copy over the link after access ended | `peer/direct_copy_source_outlives_grant` |
+//! | a view of a [`VirtualBuffer`] is not kept across an unmap, a shrink or a change of the access set, nor past the buffer | use after unmap, release or revoke | `owned/buffer_view_kept_across_unmap`, `owned/buffer_view_kept_across_shrink`, `owned/buffer_view_kept_across_access_change`, `owned/buffer_view_outlives_buffer` |
+//! | a read-only [`VirtualBuffer`] gives no write path | write to a read-only mapping | `owned/read_only_buffer_written` |
+//! | one writable view of a [`VirtualBuffer`] at a time | two writers of one range | `owned/buffer_two_writable_views` |
+//! | an [`OwnedMapping`] is not used past its unmap, is unmapped once, and has one grant in use at a time | use after unmap, double unmap, a grant widened under its views | `owned/mapping_view_outlives_mapping`, `owned/mapping_unmapped_twice`, `owned/mapping_in_struct_granted_twice` |
+//!
+//! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
+//! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
+//! over bytes not mapped are refused at run time, before any driver call ([`Error::PageRange`]).
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
@@ -73,6 +81,15 @@
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
 //! and keeps its borrows' owners alive in the driver, nothing more.
+//!
+//! # Owned or borrowed
+//! The types above are the borrowed layer: their lifetimes prove the driver's order, so they live in
+//! one scope. [`VirtualBuffer`] is the owned layer beside it, as std's `OwnedFd` is beside
+//! `BorrowedFd`: it owns one reservation, the pages mapped into it (at any offset, of any device) and
+//! its access set, so it has no lifetime and can live in a struct field for hours. Every change of
+//! its pages or access set takes `&mut self`, and its views are the same [`DeviceSlice`] and
+//! [`DeviceSliceMut`] as the borrowed layer's. An [`OwnedMapping`] owns one allocation mapped into a
+//! [`SharedReservation`] and a share of that reservation, and is granted like a [`Mapping`].
 //!
 //! # Several GPUs
 //! Context peer access ([`PeerAccess`], for [`DeviceBuffer`] memory) and VMM grants
@@ -111,6 +128,7 @@ mod device;
 mod error;
 mod mapping;
 mod module;
+mod owned;
 mod peer;
 mod physical;
 mod reservation;
@@ -124,6 +142,7 @@ pub use device::{Context, Device, driver_version, init};
 pub use error::{DriverError, Error, Result};
 pub use mapping::Mapping;
 pub use module::{Function, Module};
+pub use owned::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};
 pub use peer::{P2PAttributes, PeerAccess, PeerLink, can_access_peer, p2p_attributes};
 pub use physical::{
     AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,

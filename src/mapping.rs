@@ -133,20 +133,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         contexts: Contexts<'a>,
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
-        if let Err(error) = set_access(self.ptr, self.size, contexts, M::FLAGS) {
-            // Leave nothing half granted: whatever part of the call the driver applied is taken back,
-            // device by device. Where a device cannot be set back, that is reported with the refusal:
-            // whether the refused call had granted it cannot be told.
-            return Err(match revoke_each(self.ptr, self.size, contexts) {
-                Ok(()) => Error::Driver(error),
-                Err(cleanup) => Error::CleanupFailed {
-                    error,
-                    cleanup,
-                    what: "grant",
-                },
-            });
-        }
-        Ok(Access::new(self.ptr, self.size, contexts, mode))
+        grant_range(self.ptr, self.size, contexts, mode)
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the region back
@@ -166,6 +153,33 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         check(unsafe { sys::cuMemUnmap(this.ptr, this.size) })?;
         Ok(Region::from_unmapped(this.ptr, this.size))
     }
+}
+
+/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range that the caller keeps mapped and
+/// borrowed exclusively while the `Access` lives, for every device of `contexts` in `mode`: the [`Access`] of both
+/// layers' grants.
+///
+/// # Errors
+/// The driver's refusal, after every device was set back to no access (device by device: whatever
+/// part of the call the driver applied is taken back); [`Error::CleanupFailed`] (`what`: `"grant"`)
+/// where a device cannot be set back, since whether the refused call had granted it cannot be told.
+pub(crate) fn grant_range<M: AccessMode>(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    contexts: Contexts<'_>,
+    mode: M,
+) -> Result<Access<'_, M>, Error> {
+    if let Err(error) = set_access(ptr, size, contexts, M::FLAGS) {
+        return Err(match revoke_each(ptr, size, contexts) {
+            Ok(()) => Error::Driver(error),
+            Err(cleanup) => Error::CleanupFailed {
+                error,
+                cleanup,
+                what: "grant",
+            },
+        });
+    }
+    Ok(Access::new(ptr, size, contexts, mode))
 }
 
 /// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, for every device of `contexts`.

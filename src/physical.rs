@@ -91,7 +91,7 @@ impl AllocationOptions {
 
     /// The minimum granularity, asked of the driver once per set of options and then remembered: it is
     /// a fixed property of the device and the options, and `cuMemCreate`'s size check needs it every time.
-    fn minimum_granularity_cached(self) -> Result<usize> {
+    pub(crate) fn minimum_granularity_cached(self) -> Result<usize> {
         static KNOWN: Mutex<Vec<(AllocationOptions, usize)>> = Mutex::new(Vec::new());
         let known = |table: &Vec<(AllocationOptions, usize)>| {
             table.iter().find(|e| e.0 == self).map(|e| e.1)

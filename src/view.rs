@@ -13,10 +13,29 @@ use crate::error::{Error, check};
 use crate::sys;
 
 /// The contexts whose devices reach a view's memory directly besides the view's own, for as long as
-/// the view lives: the view borrows what makes this true (the grant that names them, or the
-/// peer-access guard under which a peer view reads its owner's memory). Empty for a buffer's own
-/// memory and a grant to one device.
-pub(crate) type Reach<'a> = &'a [&'a Context];
+/// the view lives: the view borrows what makes this true (the grant that names them, the peer-access
+/// guard under which a peer view reads its owner's memory, or the owned buffer whose kept access set
+/// names them). Empty for a buffer's own memory and a grant to one device.
+#[derive(Clone, Copy)]
+pub(crate) enum Reach<'a> {
+    /// Contexts borrowed from their owners: a grant's list, or the owner of a peer view's memory.
+    Borrowed(&'a [&'a Context]),
+    /// Contexts an owned buffer keeps as its access set (retained by the buffer, borrowed by the view).
+    Owned(&'a [Context]),
+}
+
+impl Reach<'_> {
+    /// No other device reaches the memory.
+    pub(crate) const NONE: Reach<'static> = Reach::Borrowed(&[]);
+
+    /// Whether one of the contexts belongs to `device`.
+    pub(crate) fn contains(self, device: Device) -> bool {
+        match self {
+            Reach::Borrowed(contexts) => contexts.iter().any(|c| c.device() == device),
+            Reach::Owned(contexts) => contexts.iter().any(|c| c.device() == device),
+        }
+    }
+}
 
 /// A read-only view of `len` values of `T` in device memory, reachable from the device of its context.
 ///
@@ -101,6 +120,15 @@ fn debug_view(
 
 /// `[start, end)` of `range` over `0..len`, or a clear error.
 fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize), Error> {
+    range_bounds(range, len, "slice range")
+}
+
+/// `[start, end)` of `range` over `0..len`, or a clear error naming the range `what`.
+pub(crate) fn range_bounds(
+    range: impl RangeBounds<usize>,
+    len: usize,
+    what: &'static str,
+) -> Result<(usize, usize), Error> {
     let start = match range.start_bound() {
         Bound::Included(&s) => Some(s),
         Bound::Excluded(&s) => s.checked_add(1),
@@ -112,13 +140,11 @@ fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize), 
         Bound::Unbounded => Some(len),
     };
     let (Some(start), Some(end)) = (start, end) else {
-        return Err(Error::Overflow {
-            what: "slice range",
-        });
+        return Err(Error::Overflow { what });
     };
     if start > end || end > len {
         return Err(Error::OutOfBounds {
-            what: "slice range",
+            what,
             start,
             end,
             len,
@@ -208,7 +234,7 @@ macro_rules! view_accessors {
         /// [`PeerAccess`](crate::PeerAccess) guard and [`DeviceBuffer::peer_slice`](crate::DeviceBuffer::peer_slice).
         #[must_use]
         pub fn reachable_from(&self, device: Device) -> bool {
-            device == self.context.device() || self.reach.iter().any(|c| c.device() == device)
+            device == self.context.device() || self.reach.contains(device)
         }
     };
 }

@@ -9,6 +9,7 @@ use cuda_vmm::{
     P2PAttributes, PeerAccess, PeerLink, PhysicalAllocation, ReadOnly, ReadWrite, Region, Route,
     ScopedAccess, VirtualReservation,
 };
+use cuda_vmm::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};
 use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
 
 // Owned driver objects move between threads and are shared by reference: the driver API is
@@ -70,13 +71,18 @@ assert_eq_size!(DriverError, u32);
 assert_eq_size!(Option<DriverError>, u32);
 assert_eq_size!(cuda_vmm::Result<()>, u32);
 // A context is its handle plus its device. A view is the address, length and the context copies use,
-// plus the other contexts whose devices reach its memory (a slice reference: the grant's list, the
-// owner of a peer view's memory, or none), which copies between devices read to choose their path.
+// plus the other contexts whose devices reach its memory, which copies between devices read to choose
+// their path: a slice reference (the grant's list, the owner of a peer view's memory, none, or an owned
+// buffer's access set) and a word that says whether the slice holds `&Context`s or `Context`s. That
+// word is the one cost of sharing the view types between the borrowed and the owned layer.
 assert_eq_size!(Context, (usize, i32));
-assert_eq_size!(DeviceSlice<'static, u32>, (u64, usize, usize, &[&Context]));
+assert_eq_size!(
+    DeviceSlice<'static, u32>,
+    (u64, usize, usize, usize, &[&Context])
+);
 assert_eq_size!(
     DeviceSliceMut<'static, u32>,
-    (u64, usize, usize, &[&Context])
+    (u64, usize, usize, usize, &[&Context])
 );
 // A peer-access guard is its two contexts' addresses; a link is its two device ordinals.
 assert_eq_size!(PeerAccess<'static>, (usize, usize));
@@ -96,3 +102,26 @@ assert_eq_size!(ReadOnly, ());
 // Staging memory is owned outright and has no thread affinity.
 assert_impl_all!(cuda_vmm::Staging: Send, Sync);
 assert_not_impl_any!(cuda_vmm::Staging: Clone, Copy);
+
+// The owned layer: a buffer owns its reservation, pages and contexts outright, so it has no lifetime,
+// moves between threads and is shared by reference (its views are the shared view types above). It
+// is never copied: a copy would unmap, release and free everything twice.
+assert_impl_all!(VirtualBuffer<ReadWrite>: Send, Sync);
+assert_impl_all!(VirtualBuffer<ReadOnly>: Send, Sync);
+assert_not_impl_any!(VirtualBuffer<ReadWrite>: Clone, Copy);
+assert_not_impl_any!(VirtualBuffer<ReadOnly>: Clone, Copy);
+assert_impl_all!(BufferStats: Send, Sync, Copy);
+assert_impl_all!(PageInfo: Send, Sync, Copy);
+/// Compiles only for `'static` types: a buffer can live in a struct field, a `Vec`, a thread.
+const fn owned_outright<T: 'static + Send>() {}
+const _: () = owned_outright::<VirtualBuffer<ReadWrite>>();
+const _: () = owned_outright::<VirtualBuffer<ReadOnly>>();
+// An owned mapping owns its memory and a share of its reservation: no lifetime, movable between
+// threads. A reservation handle is a shared `Arc` (cloning shares the range); a mapping is not
+// copyable (a copy would unmap twice).
+assert_impl_all!(SharedReservation: Send, Sync, Clone);
+assert_impl_all!(OwnedMapping: Send, Sync);
+assert_not_impl_any!(OwnedMapping: Clone, Copy);
+assert_not_impl_any!(SharedReservation: Copy);
+const _: () = owned_outright::<OwnedMapping>();
+const _: () = owned_outright::<SharedReservation>();

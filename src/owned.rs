@@ -1,0 +1,27 @@
+//! The owned layer: device memory that lives in a struct field for hours, with every rule of the
+//! borrowed layer kept.
+//!
+//! The borrowed layer ([`VirtualReservation`](crate::VirtualReservation), [`Region`](crate::Region),
+//! [`Mapping`](crate::Mapping), [`Access`](crate::Access)) proves the driver's ordering rules with
+//! lifetimes: a mapping borrows its reservation and its memory, so it cannot be stored beside them in
+//! one struct. The owned layer holds the same driver objects by ownership instead, as std's `OwnedFd`
+//! holds a descriptor beside `BorrowedFd<'fd>`:
+//!
+//! - [`VirtualBuffer`] owns one reservation, every page (physical allocation) mapped into it, and the
+//!   contexts of its access set. Structural changes take `&mut self`, so no view survives them; views
+//!   borrow the buffer. It is `'static` and `Send`, and its `Drop` unmaps, releases and frees in the
+//!   driver's order.
+//! - [`OwnedMapping`] owns one physical allocation mapped into a [`SharedReservation`], and a share
+//!   of that reservation (an `Arc`), so it can live in a `Vec` or a struct field. The reservation
+//!   records the mapped ranges at run time, so two owned mappings never overlap; grants and views are
+//!   the borrowed layer's [`Access`](crate::Access), borrowed from the mapping.
+//!
+//! Both layers hand out the same views, [`DeviceSlice`](crate::DeviceSlice) and
+//! [`DeviceSliceMut`](crate::DeviceSliceMut), so copies and kernel launches are written once.
+
+mod buffer;
+mod mapping;
+mod pages;
+
+pub use buffer::{BufferStats, PageInfo, VirtualBuffer};
+pub use mapping::{OwnedMapping, SharedReservation};

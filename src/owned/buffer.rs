@@ -1,0 +1,744 @@
+//! [`VirtualBuffer`]: one reservation, pages mapped and unmapped in it at any offset, a kept access
+//! set granted to every page once.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::ops::{Range, RangeBounds};
+
+use bytemuck::Pod;
+
+use crate::access::{AccessMode, Contexts, ReadWrite, elements};
+use crate::device::{Context, Device};
+use crate::error::{DriverError, Error, check, first_error};
+use crate::mapping::set_access;
+use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
+use crate::reservation::VirtualReservation;
+use crate::sys;
+use crate::view::{DeviceSlice, DeviceSliceMut, Reach, range_bounds};
+
+use super::pages::{Span, check_covered, check_new_range, insertion_point, pages_inside};
+
+/// What a range out of a buffer's bounds is out of, in errors.
+const BUDGET: &str = "virtual buffer's address budget";
+
+/// Counts of the driver calls a [`VirtualBuffer`] made on its pages, since it was created.
+///
+/// They make the buffer's cost visible: with an access set that never changes, every page mapped costs
+/// exactly one `cuMemMap` and one `cuMemSetAccess`, however often its bytes are viewed
+/// (`set_access_calls == pages_mapped`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct BufferStats {
+    /// `cuMemMap` calls, including refused ones.
+    pub map_calls: u64,
+    /// `cuMemUnmap` calls, including refused ones and those that undo a failed grant.
+    pub unmap_calls: u64,
+    /// `cuMemSetAccess` calls, including refused ones: one for each page mapped, and, when the access
+    /// set changes, one for each granted page to grant the new set and one for each to revoke the
+    /// devices that left it.
+    pub set_access_calls: u64,
+    /// Pages mapped and granted ([`VirtualBuffer::map_page`] and [`VirtualBuffer::grow`] that
+    /// succeeded).
+    pub pages_mapped: u64,
+    /// Pages unmapped and handed to `cuMemRelease`.
+    pub pages_released: u64,
+}
+
+/// One page of a [`VirtualBuffer`], as [`VirtualBuffer::pages`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PageInfo {
+    /// The page's first byte, counted from the buffer's base.
+    pub offset: usize,
+    /// The page's size in bytes: the size of its physical allocation.
+    pub size: usize,
+    /// The device whose memory backs the page.
+    pub device: Device,
+    /// Whether the buffer's access set is granted on the page. `false` only for a page whose grant
+    /// failed and whose unmapping failed too ([`Error::CleanupFailed`]): no view covers it, and it is
+    /// unmapped with the others.
+    pub granted: bool,
+}
+
+/// A page: a whole physical allocation mapped at `offset`.
+struct Page {
+    offset: usize,
+    memory: PhysicalAllocation,
+    granted: bool,
+}
+
+impl Span for Page {
+    fn start(&self) -> usize {
+        self.offset
+    }
+
+    /// `offset + size` was checked against the budget when the page was mapped, so it does not
+    /// overflow.
+    fn end(&self) -> usize {
+        self.offset.saturating_add(self.memory.size())
+    }
+
+    fn granted(&self) -> bool {
+        self.granted
+    }
+}
+
+impl Page {
+    fn info(&self) -> PageInfo {
+        let crate::Location::Device(device) = self.memory.location();
+        PageInfo {
+            offset: self.offset,
+            size: self.memory.size(),
+            device,
+            granted: self.granted,
+        }
+    }
+}
+
+/// A growable, address-stable buffer of device memory: one reserved address range (the *budget*),
+/// and pages of physical memory mapped into it and unmapped again at any offset, each granted to the
+/// buffer's access set once, when it is mapped.
+///
+/// - **Address-stable.** The base address never changes: pages come and go inside the reservation,
+///   nothing is ever copied or moved. [`grow`](VirtualBuffer::grow) maps a page after the last one,
+///   [`map_page`](VirtualBuffer::map_page) anywhere, [`unmap`](VirtualBuffer::unmap) releases the pages
+///   of any range, in the middle too.
+/// - **Pages** are whole physical allocations (`cuMemCreate`), each of any multiple of its device's
+///   granularity, of any device: one buffer can be striped over every GPU's memory.
+/// - **Kept grants.** The buffer keeps its access set (retained primary contexts, and the mode `M`:
+///   [`ReadWrite`] or [`ReadOnly`](crate::ReadOnly)) and grants it on each page when the page is
+///   mapped: one `cuMemSetAccess` per page, never one per view ([`BufferStats`] counts them).
+///   [`set_access`](VirtualBuffer::set_access) changes the set for every page.
+/// - **Views** ([`slice`](VirtualBuffer::slice), [`slice_mut`](VirtualBuffer::slice_mut)) borrow the
+///   buffer and may span any run of adjacent mapped pages, of one device or several. Every structural
+///   change takes `&mut self`, so no view survives an unmap, a shrink or a change of the access set,
+///   and only a `ReadWrite` buffer has writable views.
+/// - **Owned.** No lifetime: it lives in a struct field or a `Vec`, moves between threads (`Send`,
+///   `Sync`) and is returned from functions. Dropping it unmaps every page, releases the memory and
+///   frees the reservation, in that order; [`free`](VirtualBuffer::free) reports the driver's answer.
+///
+/// Arguments are checked before any driver call, and a failed operation leaves the buffer as it was
+/// (where even undoing failed, [`Error::CleanupFailed`] says so; each method says what it left).
+///
+/// # Examples
+/// ```no_run
+/// use cuda_vmm::{Device, Granularity, ReadWrite, VirtualBuffer, allocation_granularity};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let device = Device::get(0)?;
+/// let page = allocation_granularity(device, Granularity::Minimum)?;
+/// let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?; // 1 GiB of address space
+/// let base = buffer.base();
+/// buffer.grow(device, page)?; // cuMemCreate, cuMemMap, cuMemSetAccess
+/// buffer.slice_mut::<u8>(..page)?.copy_from_host(&vec![7; page])?;
+/// buffer.grow(device, page)?; // the first page keeps its address and its bytes
+/// assert_eq!(buffer.base(), base);
+/// assert_eq!(buffer.slice::<u8>(..page)?.to_vec()?, vec![7; page]);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A view borrows the buffer, so it cannot be kept across a change of its pages:
+/// ```compile_fail,E0502
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let device = cuda_vmm::Device::get(0)?;
+/// # let page = 2 << 20;
+/// let mut buffer = cuda_vmm::VirtualBuffer::new(1 << 30, &[device], cuda_vmm::ReadWrite)?;
+/// buffer.grow(device, page)?;
+/// let view = buffer.slice::<u8>(..page)?;
+/// buffer.shrink()?; // unmaps the page the view reads
+/// view.to_vec()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct VirtualBuffer<M: AccessMode = ReadWrite> {
+    base: sys::CUdeviceptr,
+    budget: usize,
+    /// The reserved range; `None` only within [`free`](VirtualBuffer::free), once it has been freed.
+    /// Declared before `access`, so that it is freed before the contexts are released.
+    reservation: Option<VirtualReservation>,
+    /// Sorted by offset, disjoint, inside `[0, budget)`.
+    pages: Vec<Page>,
+    /// Never empty; one context per device. Granted on every page whose `granted` is true.
+    access: Vec<Context>,
+    stats: BufferStats,
+    /// The mode of the kept grants, at the type level only. `M` is a zero-sized, `Copy`, `Send`,
+    /// `Sync`, `'static` marker ([`AccessMode`]), so this changes neither variance nor auto traits.
+    _mode: PhantomData<M>,
+}
+
+impl<M: AccessMode> fmt::Debug for VirtualBuffer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualBuffer")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("budget", &self.budget)
+            .field("mapped_bytes", &self.mapped_bytes())
+            .field("pages", &self.pages.len())
+            .field("mode", &M::NAME)
+            .field("devices", &self.devices())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: AccessMode> VirtualBuffer<M> {
+    /// `cuMemAddressReserve` — reserve `budget` bytes of address space for a buffer whose pages will be
+    /// granted to `devices` in `mode`. Nothing is mapped yet, and no memory is used.
+    ///
+    /// `budget` is address space, not memory: it can be far larger than any device's memory (a 64 GiB
+    /// budget costs nothing until pages are mapped). It must be a multiple of the granularity of every
+    /// device in `devices`. The devices' primary contexts are retained for as long as the buffer
+    /// lives; views copy through the first one ([`slice_on`](VirtualBuffer::slice_on) picks another).
+    /// A device named twice counts once.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero budget or an empty list of devices; [`Error::NotAligned`] for a
+    /// budget that is not a multiple of a device's granularity; the driver's error otherwise.
+    #[doc(alias = "cuMemAddressReserve")]
+    pub fn new(budget: usize, devices: &[Device], mode: M) -> Result<VirtualBuffer<M>, Error> {
+        let _ = mode;
+        if budget == 0 {
+            return Err(Error::ZeroSize {
+                what: "address budget",
+            });
+        }
+        let access = retain_distinct(devices)?;
+        let mut alignment = 0;
+        for context in &access {
+            let granularity = granularity(context.device())?;
+            check_multiple("address budget", budget, granularity)?;
+            alignment = alignment.max(granularity);
+        }
+        let reservation = VirtualReservation::new(budget, alignment)?;
+        Ok(VirtualBuffer {
+            base: reservation.base(),
+            budget,
+            reservation: Some(reservation),
+            pages: Vec::new(),
+            access,
+            stats: BufferStats::default(),
+            _mode: PhantomData,
+        })
+    }
+
+    /// The first address of the reservation. It never changes while the buffer lives.
+    #[must_use]
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The size of the reservation in bytes: the address budget pages can be mapped in.
+    #[must_use]
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// The end of the last page (0 where none is mapped): where [`grow`](VirtualBuffer::grow) maps the
+    /// next one.
+    #[must_use]
+    pub fn end(&self) -> usize {
+        self.pages.last().map_or(0, Page::end)
+    }
+
+    /// The bytes of physical memory mapped: the sum of the pages' sizes.
+    #[must_use]
+    pub fn mapped_bytes(&self) -> usize {
+        self.pages.iter().map(|p| p.memory.size()).sum()
+    }
+
+    /// The pages, in address order.
+    pub fn pages(&self) -> impl ExactSizeIterator<Item = PageInfo> {
+        self.pages.iter().map(Page::info)
+    }
+
+    /// The devices of the access set, in the order given.
+    #[must_use]
+    pub fn devices(&self) -> Vec<Device> {
+        self.access.iter().map(Context::device).collect()
+    }
+
+    /// The retained contexts of the access set, in the order given.
+    #[must_use]
+    pub fn contexts(&self) -> &[Context] {
+        &self.access
+    }
+
+    /// The counts of the driver calls this buffer made on its pages.
+    #[must_use]
+    pub fn stats(&self) -> BufferStats {
+        self.stats
+    }
+
+    /// `cuMemCreate`, `cuMemMap`, `cuMemSetAccess` — allocate `size` bytes of `device`'s memory and map
+    /// them as one page at byte `offset` of the buffer, granted to the access set.
+    ///
+    /// `offset` and `size` must be multiples of `device`'s granularity, and the page must lie inside
+    /// the budget and overlap no mapped page. The page need not touch the others: holes are allowed
+    /// (views cannot span them).
+    ///
+    /// # Errors
+    /// Before any driver call: [`Error::ZeroSize`], [`Error::NotAligned`] (offset, size or address
+    /// not a multiple of the granularity), [`Error::Overflow`], [`Error::OutOfBounds`] (past the
+    /// budget) and [`Error::PageRange`] (over a mapped page, which the error names). Then the
+    /// driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] from `cuMemCreate`. On any error the buffer
+    /// is as it was: what was done for the page is undone (the grant, the mapping, the memory). Where
+    /// undoing fails too, the error is [`Error::CleanupFailed`]: if `cuMemUnmap` failed, the page
+    /// stays in the buffer, mapped but not granted ([`PageInfo::granted`] is `false`), no view covers
+    /// it, and [`unmap`](VirtualBuffer::unmap) or dropping the buffer tries again; if `cuMemRelease`
+    /// failed, nothing is mapped and the memory may be lost until the process ends.
+    #[doc(alias = "cuMemCreate")]
+    #[doc(alias = "cuMemMap")]
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn map_page(&mut self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
+        let index = self.check_new_page(offset, device, size)?;
+        let memory = PhysicalAllocation::new(device, size)?;
+        self.map_at(index, offset, memory)
+    }
+
+    /// Maps a page of `size` bytes of `device`'s memory right after the last page (at
+    /// [`end`](VirtualBuffer::end)), and returns its offset. As [`map_page`](VirtualBuffer::map_page).
+    ///
+    /// # Errors
+    /// As [`map_page`](VirtualBuffer::map_page); [`Error::OutOfBounds`] where the budget is used up.
+    #[doc(alias = "cuMemCreate")]
+    #[doc(alias = "cuMemMap")]
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grow(&mut self, device: Device, size: usize) -> Result<usize, Error> {
+        let offset = self.end();
+        self.map_page(offset, device, size)?;
+        Ok(offset)
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease` — unmap the last page and release its memory; returns what it
+    /// was, or `None` where no page is mapped.
+    ///
+    /// # Errors
+    /// As [`unmap`](VirtualBuffer::unmap).
+    #[doc(alias = "cuMemUnmap")]
+    #[doc(alias = "cuMemRelease")]
+    pub fn shrink(&mut self) -> Result<Option<PageInfo>, Error> {
+        let Some(info) = self.pages.last().map(Page::info) else {
+            return Ok(None);
+        };
+        let last = self.pages.len().saturating_sub(1);
+        self.unmap_span(last..self.pages.len())?;
+        Ok(Some(info))
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease` — unmap every page inside the byte range `range` and release its
+    /// memory; returns how many pages were unmapped. Holes inside the range are fine; a page that
+    /// the range would cut in two is not.
+    ///
+    /// The pages' addresses become free for new pages; the other pages keep their addresses and their
+    /// bytes.
+    ///
+    /// # Errors
+    /// Before any driver call: [`Error::OutOfBounds`] for a range outside the budget,
+    /// [`Error::PageRange`] where a page straddles either end of the range (the error names it).
+    /// Then the first driver error: every page of the range is tried; a page whose `cuMemUnmap` the
+    /// driver refuses stays in the buffer (it is tried again by the next unmap of its range and by
+    /// drop) and the others are gone; memory whose `cuMemRelease` is refused is unmapped and gone
+    /// from the buffer, and may be lost until the process ends. No driver failure of a whole-mapping
+    /// unmap is known.
+    #[doc(alias = "cuMemUnmap")]
+    #[doc(alias = "cuMemRelease")]
+    pub fn unmap(&mut self, range: impl RangeBounds<usize>) -> Result<usize, Error> {
+        let (start, end) = range_bounds(range, self.budget, BUDGET)?;
+        let span = pages_inside(&self.pages, start, end)?;
+        self.unmap_span(span)
+    }
+
+    /// `cuMemSetAccess` — make `devices` the access set, in the buffer's mode, on every mapped page:
+    /// first each page is granted the new set, then the devices that left it are revoked from each
+    /// page. The new devices' primary contexts are retained, and the old ones released.
+    ///
+    /// Takes `&mut self`, so no view (which carries the devices that reach its memory) lives across the
+    /// change.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for an empty list, before any driver call. A refused grant: the access set
+    /// stays as it was, and the devices that were to join are revoked again from the pages granted so
+    /// far; where that revoke fails too, [`Error::CleanupFailed`], and those devices may keep access
+    /// to some pages (which is harmless to the buffer: its views only ever claim the recorded set)
+    /// until the pages are unmapped. A refused revoke: the new set is in place on every page, and a
+    /// device that left it may keep access to some pages until they are unmapped; the first error is
+    /// returned after every page was tried.
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn set_access(&mut self, devices: &[Device]) -> Result<(), Error> {
+        let new = retain_distinct(devices)?;
+        let joining: Vec<&Context> = new
+            .iter()
+            .filter(|c| !self.access.iter().any(|o| o.device() == c.device()))
+            .collect();
+        let leaving: Vec<&Context> = self
+            .access
+            .iter()
+            .filter(|o| !new.iter().any(|c| c.device() == o.device()))
+            .collect();
+        let stats = &mut self.stats;
+        let granted = || self.pages.iter().filter(|p| p.granted);
+        let mut done = 0usize;
+        for page in granted() {
+            bump(&mut stats.set_access_calls);
+            let address = self.base.wrapping_add(page.offset as u64);
+            let size = page.memory.size();
+            if let Err(error) = with_contexts(&new, |c| set_access(address, size, c, M::FLAGS)) {
+                // Also the refused page: the driver may have applied part of the call.
+                let cleanup = if joining.is_empty() {
+                    Ok(())
+                } else {
+                    first_error(granted().take(done.saturating_add(1)).map(|p| {
+                        bump(&mut stats.set_access_calls);
+                        revoke(self.base, p, &joining)
+                    }))
+                };
+                return Err(with_cleanup(error, cleanup, "access change"));
+            }
+            done = done.saturating_add(1);
+        }
+        let revoked = if leaving.is_empty() {
+            Ok(())
+        } else {
+            first_error(granted().map(|p| {
+                bump(&mut stats.set_access_calls);
+                revoke(self.base, p, &leaving)
+            }))
+        };
+        // Every granted page grants the new set now (also where a revoke failed): record it. The old
+        // contexts are released here, after the last driver call that named them.
+        self.access = new;
+        Ok(revoked?)
+    }
+
+    /// Checks a new page against the granularity, the budget and the mapped pages; the index it goes
+    /// to in `pages`.
+    fn check_new_page(&self, offset: usize, device: Device, size: usize) -> Result<usize, Error> {
+        let granularity = granularity(device)?;
+        let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
+        insertion_point(&self.pages, offset, end)
+    }
+
+    /// `cuMemMap` and `cuMemSetAccess` of `memory` at `offset` (checked by `check_new_page`, which
+    /// returned `index`); undone on failure.
+    fn map_at(
+        &mut self,
+        index: usize,
+        offset: usize,
+        memory: PhysicalAllocation,
+    ) -> Result<(), Error> {
+        let address = self.base.wrapping_add(offset as u64);
+        let size = memory.size();
+        bump(&mut self.stats.map_calls);
+        // SAFETY: `[address, address + size)` lies inside this buffer's reservation (checked against
+        // the budget), which only this buffer maps into, and overlaps none of its pages (checked);
+        // both ends are multiples of the memory's granularity (checked). `memory` is a live allocation
+        // handle of `size` bytes, owned here; offset 0 and flags 0 as the driver requires.
+        if let Err(error) = check(unsafe { sys::cuMemMap(address, size, 0, memory.as_raw(), 0) }) {
+            return Err(with_cleanup(error, memory.release(), "page mapping"));
+        }
+        bump(&mut self.stats.set_access_calls);
+        if let Err(error) = with_contexts(&self.access, |c| set_access(address, size, c, M::FLAGS))
+        {
+            bump(&mut self.stats.unmap_calls);
+            // SAFETY: `[address, address + size)` was mapped just above, by this call, and is unmapped
+            // once here; nothing has seen its address.
+            if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
+                // Still mapped, perhaps partly granted: kept, so that the next unmap of its range or
+                // drop unmaps it, and marked so that no view covers it.
+                self.pages.insert(
+                    index,
+                    Page {
+                        offset,
+                        memory,
+                        granted: false,
+                    },
+                );
+                return Err(Error::CleanupFailed {
+                    error,
+                    cleanup,
+                    what: "page mapping",
+                });
+            }
+            return Err(with_cleanup(error, memory.release(), "page mapping"));
+        }
+        self.pages.insert(
+            index,
+            Page {
+                offset,
+                memory,
+                granted: true,
+            },
+        );
+        bump(&mut self.stats.pages_mapped);
+        Ok(())
+    }
+
+    /// Unmaps and releases `pages[span]`, every one tried; the pages the driver refuses to unmap stay.
+    fn unmap_span(&mut self, span: Range<usize>) -> Result<usize, Error> {
+        if self.pages.get(span.clone()).is_none() {
+            return Ok(0);
+        }
+        let mut kept = Vec::new();
+        let mut first: Result<(), DriverError> = Ok(());
+        let mut unmapped = 0usize;
+        for page in self.pages.drain(span.clone()) {
+            bump(&mut self.stats.unmap_calls);
+            let address = self.base.wrapping_add(page.offset as u64);
+            // SAFETY: `[address, address + size)` is the page's whole mapping, made by `map_at` and
+            // unmapped once: the page leaves the buffer below unless the driver refuses. No view lives
+            // (`&mut self`), and every copy through one finished before it returned.
+            let result = check(unsafe { sys::cuMemUnmap(address, page.memory.size()) });
+            let result = match result {
+                Ok(()) => {
+                    unmapped = unmapped.saturating_add(1);
+                    bump(&mut self.stats.pages_released);
+                    page.memory.release()
+                }
+                Err(error) => {
+                    kept.push(page);
+                    Err(error)
+                }
+            };
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        // Back where they were: `kept` is sorted and lies inside the drained span.
+        self.pages.splice(span.start..span.start, kept);
+        first?;
+        Ok(unmapped)
+    }
+
+    /// Unmaps every page, then releases every page's memory: every page is tried. The first error.
+    fn teardown(&mut self) -> Result<(), DriverError> {
+        let pages = core::mem::take(&mut self.pages);
+        let base = self.base;
+        let stats = &mut self.stats;
+        let unmapped = first_error(pages.iter().map(|page| {
+            bump(&mut stats.unmap_calls);
+            // SAFETY: each page's whole mapping, made by `map_at`, unmapped once: the pages have left
+            // the buffer. No view lives (`&mut self`, or drop).
+            check(unsafe {
+                sys::cuMemUnmap(base.wrapping_add(page.offset as u64), page.memory.size())
+            })
+        }));
+        // Released after every unmap was tried: where an unmap failed, the driver keeps the memory
+        // until that range is unmapped, which then never happens (a leak, not a dangling mapping).
+        let released = first_error(pages.into_iter().map(|page| {
+            bump(&mut stats.pages_released);
+            page.memory.release()
+        }));
+        unmapped.and(released)
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree` — unmap every page, release the memory, free
+    /// the reservation, in that order, and report the first error, which `drop` ignores.
+    ///
+    /// # Errors
+    /// The first driver error; every step is tried after any error. A page the driver refused to
+    /// unmap keeps its range mapped, and then `cuMemAddressFree` fails too: the range leaks.
+    #[doc(alias = "cuMemUnmap")]
+    #[doc(alias = "cuMemRelease")]
+    #[doc(alias = "cuMemAddressFree")]
+    pub fn free(mut self) -> Result<(), Error> {
+        let torn_down = self.teardown();
+        let freed = self
+            .reservation
+            .take()
+            .map_or(Ok(()), VirtualReservation::free);
+        // `drop` finds no page and no reservation left, and releases the contexts.
+        Ok(torn_down.and(freed)?)
+    }
+
+    /// `[base + start, base + end)` for a view of `T`s, checked: whole elements, mapped and granted.
+    fn view_range<T>(&self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
+        let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
+        let len = elements::<T>(end - start)?;
+        // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
+        elements::<T>(start)?;
+        check_covered(&self.pages, start, end)?;
+        Ok((self.base.wrapping_add(start as u64), len))
+    }
+
+    /// The context of `device` in the access set.
+    fn context_of(&self, device: Device) -> Result<&Context, Error> {
+        self.access
+            .iter()
+            .find(|c| c.device() == device)
+            .ok_or_else(|| Error::DeviceMismatch {
+                expected: self.first_context().map_or(-1, |c| c.device().as_raw()),
+                found: device.as_raw(),
+            })
+    }
+
+    fn first_context(&self) -> Result<&Context, Error> {
+        self.access
+            .first()
+            .ok_or(Error::ZeroSize { what: "access set" })
+    }
+
+    /// A read-only view of the bytes `bytes` (counted from the base) as `T`s, copied through the first
+    /// context of the access set.
+    ///
+    /// The range may span any run of adjacent mapped pages, of one device or several; the view
+    /// borrows the buffer, so no page it covers can be unmapped while it lives.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the budget; [`Error::NotWholeElements`] where the
+    /// range's start or length is not a whole number of `T`s, or `T` is zero-sized;
+    /// [`Error::PageRange`] where some of the bytes are not mapped (the error names the first hole).
+    pub fn slice<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<DeviceSlice<'_, T>, Error> {
+        let context = self.first_context()?;
+        self.slice_through(bytes, context)
+    }
+
+    /// As [`slice`](VirtualBuffer::slice), with copies made through the context of `device`, which
+    /// must be in the access set.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] where `device` is not in the access set; as
+    /// [`slice`](VirtualBuffer::slice) otherwise.
+    pub fn slice_on<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+        device: Device,
+    ) -> Result<DeviceSlice<'_, T>, Error> {
+        self.slice_through(bytes, self.context_of(device)?)
+    }
+
+    fn slice_through<'a, T: Pod>(
+        &'a self,
+        bytes: impl RangeBounds<usize>,
+        context: &'a Context,
+    ) -> Result<DeviceSlice<'a, T>, Error> {
+        let (ptr, len) = self.view_range::<T>(bytes)?;
+        // Every byte of the range is mapped and granted to every device of the access set (checked),
+        // `context`'s among them, and stays so while `self` is borrowed: unmapping and changing the
+        // access set take `&mut self`.
+        Ok(DeviceSlice::from_granted(
+            ptr,
+            len,
+            context,
+            Reach::Owned(&self.access),
+        ))
+    }
+}
+
+impl VirtualBuffer<ReadWrite> {
+    /// A writable view of the bytes `bytes` (counted from the base) as `T`s, copied through the first
+    /// context of the access set. Only a [`ReadWrite`] buffer has one; it borrows the buffer
+    /// exclusively, so it is the only view while it lives (split it with
+    /// [`DeviceSliceMut::split_at_mut`]).
+    ///
+    /// # Errors
+    /// As [`slice`](VirtualBuffer::slice).
+    pub fn slice_mut<T: Pod>(
+        &mut self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<DeviceSliceMut<'_, T>, Error> {
+        let (ptr, len) = self.view_range::<T>(bytes)?;
+        let context = self.first_context()?;
+        Ok(DeviceSliceMut::from_granted(
+            ptr,
+            len,
+            context,
+            Reach::Owned(&self.access),
+        ))
+    }
+
+    /// As [`slice_mut`](VirtualBuffer::slice_mut), with copies made through the context of `device`,
+    /// which must be in the access set.
+    ///
+    /// # Errors
+    /// As [`slice_on`](VirtualBuffer::slice_on).
+    pub fn slice_mut_on<T: Pod>(
+        &mut self,
+        bytes: impl RangeBounds<usize>,
+        device: Device,
+    ) -> Result<DeviceSliceMut<'_, T>, Error> {
+        let (ptr, len) = self.view_range::<T>(bytes)?;
+        let context = self.context_of(device)?;
+        // As for `slice_through`; the range is writable (`ReadWrite` grants) and exclusive for as
+        // long as `self` is borrowed mutably.
+        Ok(DeviceSliceMut::from_granted(
+            ptr,
+            len,
+            context,
+            Reach::Owned(&self.access),
+        ))
+    }
+}
+
+impl<M: AccessMode> Drop for VirtualBuffer<M> {
+    fn drop(&mut self) {
+        // Unmap every page, then release the memory; the reservation is freed after this body (the
+        // field's own drop), and the contexts are released after it. Errors are ignored: `drop`
+        // cannot return them, and a range the driver refuses to unmap cannot be unmapped later
+        // either (it, and the reservation around it, then leak). Call `free` to see them.
+        let _ = self.teardown();
+    }
+}
+
+/// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device).
+fn granularity(device: Device) -> Result<usize, DriverError> {
+    AllocationOptions::device(device).minimum_granularity_cached()
+}
+
+/// Retains the primary context of each device, once per device, in order.
+fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
+    if devices.is_empty() {
+        return Err(Error::ZeroSize { what: "access set" });
+    }
+    let mut contexts: Vec<Context> = Vec::with_capacity(devices.len());
+    for &device in devices {
+        if contexts.iter().all(|c| c.device() != device) {
+            contexts.push(Context::new(device)?);
+        }
+    }
+    Ok(contexts)
+}
+
+/// Calls `f` with the contexts as the grant helpers take them (one without a heap allocation). An
+/// empty list grants nothing and calls nothing (an access set is never empty: `new` and `set_access`
+/// refuse one).
+fn with_contexts(
+    contexts: &[Context],
+    f: impl FnOnce(Contexts<'_>) -> Result<(), DriverError>,
+) -> Result<(), DriverError> {
+    if let [one] = contexts {
+        return f(Contexts::One(one));
+    }
+    let refs: Vec<&Context> = contexts.iter().collect();
+    Contexts::many(&refs).map_or(Ok(()), f)
+}
+
+/// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole of `page`.
+fn revoke(base: u64, page: &Page, contexts: &[&Context]) -> Result<(), DriverError> {
+    // An empty list revokes nothing (callers pass the non-empty joining or leaving devices).
+    Contexts::many(contexts).map_or(Ok(()), |contexts| {
+        set_access(
+            base.wrapping_add(page.offset as u64),
+            page.memory.size(),
+            contexts,
+            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        )
+    })
+}
+
+/// `error`, or [`Error::CleanupFailed`] where undoing `what` failed too.
+fn with_cleanup(error: DriverError, cleanup: Result<(), DriverError>, what: &'static str) -> Error {
+    match cleanup {
+        Ok(()) => Error::Driver(error),
+        Err(cleanup) => Error::CleanupFailed {
+            error,
+            cleanup,
+            what,
+        },
+    }
+}
+
+fn bump(count: &mut u64) {
+    *count = count.saturating_add(1);
+}

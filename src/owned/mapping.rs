@@ -1,0 +1,346 @@
+//! [`SharedReservation`] and [`OwnedMapping`]: mappings that own their memory and share their
+//! reservation, with the mapped ranges kept at run time so that two never overlap.
+
+use core::fmt;
+use core::mem::ManuallyDrop;
+use core::ptr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::access::{Access, AccessMode, Contexts};
+use crate::device::Context;
+use crate::error::{DriverError, Error, check};
+use crate::mapping::grant_range;
+use crate::physical::PhysicalAllocation;
+use crate::reservation::VirtualReservation;
+use crate::sys;
+
+use super::pages::{Span, check_new_range, insertion_point};
+
+/// A reserved address range shared by the [`OwnedMapping`]s made in it: `cuMemAddressReserve` once,
+/// `cuMemAddressFree` when the last handle and the last mapping are gone.
+///
+/// Cloning the handle shares the range (an [`Arc`]); every mapping holds a share too, so the range
+/// outlives its mappings without a borrow, and a mapping can live in a `Vec` or a struct field. The
+/// reservation records which byte ranges are mapped, and [`map`](SharedReservation::map) refuses a
+/// range that overlaps one (checked at run time, where the borrowed layer's regions prove it at
+/// compile time).
+#[derive(Clone)]
+pub struct SharedReservation {
+    shared: Arc<Shared>,
+}
+
+/// What the handles and mappings share.
+struct Shared {
+    /// Freed when the last share is dropped; no mapping is alive then (each holds a share), unless one
+    /// was leaked with `mem::forget`, which leaks its share too, so this is never dropped.
+    reservation: VirtualReservation,
+    /// The mapped ranges, `[start, end)` from the base: sorted, disjoint. A range is recorded before
+    /// `cuMemMap` and removed after a successful `cuMemUnmap`.
+    mapped: Mutex<Vec<Mapped>>,
+}
+
+/// One recorded range.
+#[derive(Clone, Copy)]
+struct Mapped {
+    start: usize,
+    end: usize,
+}
+
+impl Span for Mapped {
+    fn start(&self) -> usize {
+        self.start
+    }
+    fn end(&self) -> usize {
+        self.end
+    }
+    fn granted(&self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for SharedReservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedReservation")
+            .field("base", &format_args!("{:#x}", self.base()))
+            .field("size", &self.size())
+            .field("mappings", &self.lock().len())
+            .finish()
+    }
+}
+
+impl SharedReservation {
+    /// `cuMemAddressReserve` — reserve `size` bytes of address space, as
+    /// [`VirtualReservation::new`].
+    ///
+    /// # Errors
+    /// As [`VirtualReservation::new`].
+    #[doc(alias = "cuMemAddressReserve")]
+    pub fn new(size: usize, alignment: usize) -> Result<SharedReservation, Error> {
+        Ok(SharedReservation {
+            shared: Arc::new(Shared {
+                reservation: VirtualReservation::new(size, alignment)?,
+                mapped: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The first address of the range.
+    #[must_use]
+    pub fn base(&self) -> u64 {
+        self.shared.reservation.base()
+    }
+
+    /// The size of the range in bytes.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.shared.reservation.size()
+    }
+
+    /// The mapped byte ranges, from the base, in address order: a snapshot (other handles may map and
+    /// unmap meanwhile).
+    #[must_use]
+    pub fn mapped(&self) -> Vec<core::ops::Range<usize>> {
+        self.lock().iter().map(|m| m.start..m.end).collect()
+    }
+
+    /// The bookkeeping, also after a panic elsewhere while it was held (none of its critical sections
+    /// can panic, so it is never left half updated).
+    fn lock(&self) -> MutexGuard<'_, Vec<Mapped>> {
+        self.shared
+            .mapped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `cuMemMap` — map the whole of `memory` at byte `offset` of the range. The mapping owns the
+    /// memory and a share of the range; it is not accessible until [granted](OwnedMapping::grant).
+    ///
+    /// `offset` must be a multiple of the memory's granularity, and `[offset, offset + size)` must lie
+    /// inside the range and overlap no live mapping of it. Safe to call from several threads with
+    /// clones of one handle: the range is recorded before the driver is called, so two calls can never
+    /// both map it.
+    ///
+    /// # Errors
+    /// Before any driver call: [`Error::NotAligned`], [`Error::Overflow`], [`Error::OutOfBounds`]
+    /// (past the end of the range), [`Error::PageRange`] (over a live mapping, which the error
+    /// names). Then the driver's error. On any error nothing is mapped, and `memory` is released (it
+    /// is dropped); allocate again to retry.
+    #[doc(alias = "cuMemMap")]
+    pub fn map(&self, offset: usize, memory: PhysicalAllocation) -> Result<OwnedMapping, Error> {
+        let size = memory.size();
+        let range = (self.base(), self.size(), "reservation");
+        let end = check_new_range(range, offset, size, memory.granularity())?;
+        {
+            let mut mapped = self.lock();
+            let index = insertion_point(&mapped, offset, end)?;
+            mapped.insert(index, Mapped { start: offset, end });
+        }
+        let ptr = self.base().wrapping_add(offset as u64);
+        // SAFETY: `[ptr, ptr + size)` lies inside this reservation (checked) and was just recorded
+        // as mapped, so no other mapping of it overlaps (every `OwnedMapping` recorded its range, and
+        // only a successful unmap removes one); both ends are multiples of the memory's granularity
+        // (checked). `memory` is a live allocation handle of `size` bytes; offset 0 and flags 0 as
+        // the driver requires.
+        if let Err(error) = check(unsafe { sys::cuMemMap(ptr, size, 0, memory.as_raw(), 0) }) {
+            self.forget_range(offset);
+            return Err(error.into());
+        }
+        Ok(OwnedMapping {
+            ptr,
+            offset,
+            memory,
+            reservation: self.clone(),
+        })
+    }
+
+    /// Removes the recorded range that starts at `offset`.
+    fn forget_range(&self, offset: usize) {
+        let mut mapped = self.lock();
+        mapped.retain(|m| m.start != offset);
+    }
+
+    /// `cuMemAddressFree` — drop this handle, and free the range if it was the last share of it:
+    /// `Ok(true)` where it was freed, `Ok(false)` where other handles or mappings still hold it (it is
+    /// freed when the last of them is dropped). `drop` ignores the driver's answer; this reports it.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemAddressFree")]
+    pub fn free(self) -> Result<bool, Error> {
+        match Arc::try_unwrap(self.shared) {
+            Ok(shared) => {
+                shared.reservation.free()?;
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+}
+
+/// A whole physical allocation mapped into a [`SharedReservation`], owning both its memory and a
+/// share of the reservation: no lifetime, so it lives in a `Vec` or a struct field. Unmapped on drop,
+/// then its memory is released, then its share of the reservation is dropped (the last share frees
+/// the range).
+///
+/// It keeps every rule of the borrowed [`Mapping`](crate::Mapping): no address or view before
+/// [`grant`](OwnedMapping::grant), whose [`Access`] borrows the mapping mutably (one grant in use at a
+/// time, no unmap while views live), and [`unmap`](OwnedMapping::unmap) consumes it (no double
+/// unmap). The reservation's bookkeeping keeps its range from overlapping any other live mapping.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_vmm::{Context, Device, OwnedMapping, PhysicalAllocation, ReadWrite, SharedReservation};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let device = Device::get(0)?;
+/// let context = Context::new(device)?;
+/// let page = cuda_vmm::allocation_granularity(device, cuda_vmm::Granularity::Minimum)?;
+/// let reservation = SharedReservation::new(8 * page, 0)?;
+/// let mut mappings: Vec<OwnedMapping> = Vec::new();
+/// for i in 0..4 {
+///     mappings.push(reservation.map(i * page, PhysicalAllocation::new(device, page)?)?);
+/// }
+/// drop(reservation); // the mappings keep the range reserved
+/// let mut access = mappings[2].grant(&context, ReadWrite)?;
+/// access.slice_mut::<u8>()?.copy_from_host(&vec![1; page])?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// No lifetime, but its views borrow it, so it cannot be unmapped under them:
+/// ```compile_fail,E0505
+/// # use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, SharedReservation};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let device = Device::get(0)?;
+/// # let context = Context::new(device)?;
+/// # let page = 2 << 20;
+/// let reservation = SharedReservation::new(page, 0)?;
+/// let mut mapping = reservation.map(0, PhysicalAllocation::new(device, page)?)?;
+/// let access = mapping.grant(&context, ReadWrite)?;
+/// let view = access.slice::<u8>()?;
+/// mapping.unmap()?; // cuMemUnmap under a live view
+/// view.to_vec()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct OwnedMapping {
+    ptr: sys::CUdeviceptr,
+    offset: usize,
+    /// Declared before `reservation`: released (dropped) before the share of the range is.
+    memory: PhysicalAllocation,
+    reservation: SharedReservation,
+}
+
+impl fmt::Debug for OwnedMapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedMapping")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("offset", &self.offset)
+            .field("size", &self.memory.size())
+            .field("location", &self.memory.location())
+            .field("reservation", &self.reservation)
+            .finish()
+    }
+}
+
+impl OwnedMapping {
+    /// The mapped size in bytes: the size of the memory.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.memory.size()
+    }
+
+    /// Where the mapping starts, in bytes from the reservation's base.
+    #[must_use]
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The memory the mapping owns.
+    #[must_use]
+    pub fn memory(&self) -> &PhysicalAllocation {
+        &self.memory
+    }
+
+    /// A handle to the reservation the mapping lies in.
+    #[must_use]
+    pub fn reservation(&self) -> &SharedReservation {
+        &self.reservation
+    }
+
+    /// `cuMemSetAccess` — grant the device of `context` access to the whole mapping, in `mode`; as
+    /// [`Mapping::grant`](crate::Mapping::grant).
+    ///
+    /// # Errors
+    /// As [`Mapping::grant`](crate::Mapping::grant).
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant<'a, M: AccessMode>(
+        &'a mut self,
+        context: &'a Context,
+        mode: M,
+    ) -> Result<Access<'a, M>, Error> {
+        // `[ptr, ptr + size)` is this mapping's whole range; the `Access` borrows the mapping
+        // mutably, so it stays mapped (and no other grant is made) while the access or any view of
+        // it lives.
+        grant_range(self.ptr, self.size(), Contexts::One(context), mode)
+    }
+
+    /// `cuMemSetAccess` — grant every device of `contexts` access to the whole mapping, in `mode`, in
+    /// one driver call; as [`Mapping::grant_all`](crate::Mapping::grant_all).
+    ///
+    /// # Errors
+    /// As [`Mapping::grant_all`](crate::Mapping::grant_all).
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_all<'a, M: AccessMode>(
+        &'a mut self,
+        contexts: &'a [&'a Context],
+        mode: M,
+    ) -> Result<Access<'a, M>, Error> {
+        let contexts = Contexts::many(contexts).ok_or(Error::ZeroSize {
+            what: "list of contexts to grant",
+        })?;
+        grant_range(self.ptr, self.size(), contexts, mode)
+    }
+
+    /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the memory
+    /// back, so that it can be mapped again. The range becomes free for other mappings.
+    ///
+    /// # Errors
+    /// The driver's error. The range then stays mapped and recorded (no other mapping can take it),
+    /// the memory is released to the driver, which keeps it until the range is unmapped: a leak until
+    /// the process ends. No driver failure of a whole-mapping unmap is known.
+    #[doc(alias = "cuMemUnmap")]
+    pub fn unmap(self) -> Result<PhysicalAllocation, Error> {
+        let this = ManuallyDrop::new(self);
+        let unmapped = this.unmap_raw();
+        // SAFETY: `this` is never used or dropped again, so each field is moved out exactly once.
+        let (memory, reservation) = unsafe {
+            (
+                ptr::read(&raw const this.memory),
+                ptr::read(&raw const this.reservation),
+            )
+        };
+        drop(reservation);
+        unmapped?;
+        Ok(memory)
+    }
+
+    /// `cuMemUnmap` of the whole mapping; on success its range leaves the reservation's record.
+    fn unmap_raw(&self) -> Result<(), DriverError> {
+        // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped, unmapped once: by `unmap`,
+        // which skips `drop`, or by `drop`. No view lives (views borrow the mapping), and every copy
+        // through one finished before it returned.
+        check(unsafe { sys::cuMemUnmap(self.ptr, self.size()) })?;
+        self.reservation.forget_range(self.offset);
+        Ok(())
+    }
+}
+
+impl Drop for OwnedMapping {
+    fn drop(&mut self) {
+        // Unmapped here; then the memory is released and the share of the range dropped (the fields,
+        // in that order). The error is ignored: `drop` cannot return it, and a range the driver
+        // refuses to unmap stays recorded, so nothing maps over it. Call `unmap` to see it.
+        let _ = self.unmap_raw();
+    }
+}

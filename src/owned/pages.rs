@@ -1,0 +1,344 @@
+//! The bookkeeping of mapped byte ranges shared by the owned layer: where a new mapping goes, which
+//! ranges a view or an unmap covers. Pure integer arithmetic over sorted, disjoint ranges, so that it
+//! is property-tested without a driver (and under Miri).
+
+use core::ops::Range;
+
+use crate::error::Error;
+use crate::physical::check_multiple;
+
+/// The bytes a page covers, `[start, end)`, and whether it is granted: what the bookkeeping below
+/// reads of a page (so that it can be tested without a driver).
+pub(super) trait Span {
+    fn start(&self) -> usize;
+    fn end(&self) -> usize;
+    fn granted(&self) -> bool;
+}
+
+/// Where a new page `[offset, end)` goes in `pages` (sorted, disjoint, `offset < end`); the mapped
+/// page it would overlap is an error.
+pub(super) fn insertion_point<S: Span>(
+    pages: &[S],
+    offset: usize,
+    end: usize,
+) -> Result<usize, Error> {
+    let index = pages.partition_point(|p| p.start() < offset);
+    let before = index.checked_sub(1).and_then(|i| pages.get(i));
+    for page in [before, pages.get(index)].into_iter().flatten() {
+        if page.start() < end && page.end() > offset {
+            return Err(Error::PageRange {
+                start: page.start(),
+                end: page.end(),
+                problem: "are mapped already",
+            });
+        }
+    }
+    Ok(index)
+}
+
+/// Checks that granted pages of `pages` (sorted, disjoint) cover every byte of `[start, end)`; the
+/// first hole, or the first page not granted, is an error.
+pub(super) fn check_covered<S: Span>(pages: &[S], start: usize, end: usize) -> Result<(), Error> {
+    let mut at = start;
+    let mut index = pages.partition_point(|p| p.end() <= start);
+    while at < end {
+        let hole_end = match pages.get(index) {
+            Some(page) if page.start() <= at => {
+                if !page.granted() {
+                    return Err(Error::PageRange {
+                        start: page.start(),
+                        end: page.end(),
+                        problem: "are mapped but not granted (undoing a failed grant failed)",
+                    });
+                }
+                at = page.end();
+                index = index.saturating_add(1);
+                continue;
+            }
+            Some(page) => page.start().min(end),
+            None => end,
+        };
+        return Err(Error::PageRange {
+            start: at,
+            end: hole_end,
+            problem: "are not mapped",
+        });
+    }
+    Ok(())
+}
+
+/// The indices of the pages of `pages` (sorted, disjoint) that lie inside `[start, end)`; a page that
+/// straddles either end is an error.
+pub(super) fn pages_inside<S: Span>(
+    pages: &[S],
+    start: usize,
+    end: usize,
+) -> Result<Range<usize>, Error> {
+    let first = pages.partition_point(|p| p.end() <= start);
+    if start >= end {
+        return Ok(first..first);
+    }
+    let last = pages.partition_point(|p| p.start() < end).max(first);
+    let ends = [
+        pages.get(first),
+        last.checked_sub(1).and_then(|i| pages.get(i)),
+    ];
+    if first < last {
+        for page in ends.into_iter().flatten() {
+            if page.start() < start || page.end() > end {
+                return Err(Error::PageRange {
+                    start: page.start(),
+                    end: page.end(),
+                    problem: "are one page, which the range would cut in two: unmap it whole",
+                });
+            }
+        }
+    }
+    Ok(first..last)
+}
+
+/// Checks a new mapping of `size` bytes at byte `offset` of a reserved range of `len` bytes at `base`,
+/// before any driver call: a non-zero size, and size, offset and address multiples of the memory's
+/// `granularity`, inside the range (`what` names the range in the error). The mapping's end.
+pub(super) fn check_new_range(
+    (base, len, what): (u64, usize, &'static str),
+    offset: usize,
+    size: usize,
+    granularity: usize,
+) -> Result<usize, Error> {
+    if size == 0 {
+        return Err(Error::ZeroSize {
+            what: "mapping size",
+        });
+    }
+    check_multiple("mapping size", size, granularity)?;
+    check_multiple("mapping offset", offset, granularity)?;
+    let end = offset.checked_add(size).ok_or(Error::Overflow {
+        what: "mapping offset + size",
+    })?;
+    if end > len {
+        return Err(Error::OutOfBounds {
+            what,
+            start: offset,
+            end,
+            len,
+        });
+    }
+    // The range is aligned as its owner asked; memory of another device may need more.
+    let address = usize::try_from(base)
+        .ok()
+        .and_then(|base| base.checked_add(offset))
+        .ok_or(Error::Overflow {
+            what: "mapping address",
+        })?;
+    check_multiple("mapping address", address, granularity)?;
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Span, check_covered, check_new_range, insertion_point, pages_inside};
+    use crate::Error;
+    use proptest::prelude::*;
+
+    /// A page of the model: `[start, end)` in units, and whether it is granted.
+    #[derive(Debug, Clone, Copy)]
+    struct P(usize, usize, bool);
+
+    impl Span for P {
+        fn start(&self) -> usize {
+            self.0
+        }
+        fn end(&self) -> usize {
+            self.1
+        }
+        fn granted(&self) -> bool {
+            self.2
+        }
+    }
+
+    /// Sorted, disjoint pages from (gap, length, granted) triples.
+    fn layout(parts: &[(usize, usize, bool)]) -> Vec<P> {
+        let mut at = 0;
+        parts
+            .iter()
+            .map(|&(gap, len, granted)| {
+                let start = at + gap;
+                at = start + len;
+                P(start, at, granted)
+            })
+            .collect()
+    }
+
+    fn parts() -> impl Strategy<Value = Vec<(usize, usize, bool)>> {
+        proptest::collection::vec((0usize..3, 1usize..4, proptest::bool::weighted(0.9)), 0..8)
+    }
+
+    fn covering(pages: &[P], unit: usize) -> Option<&P> {
+        pages.iter().find(|p| p.0 <= unit && unit < p.1)
+    }
+
+    proptest! {
+        /// A new page is accepted exactly where it overlaps no page, and goes where the order stays
+        /// sorted; a refusal names a page it overlaps.
+        #[test]
+        fn insertion_point_accepts_exactly_the_free_ranges(parts in parts(), offset in 0usize..40, len in 1usize..6) {
+            let pages = layout(&parts);
+            let end = offset + len;
+            let free = pages.iter().all(|p| p.1 <= offset || p.0 >= end);
+            match insertion_point(&pages, offset, end) {
+                Ok(index) => {
+                    prop_assert!(free);
+                    prop_assert!(pages[..index].iter().all(|p| p.1 <= offset));
+                    prop_assert!(pages[index..].iter().all(|p| p.0 >= end));
+                }
+                Err(Error::PageRange { start, end: page_end, .. }) => {
+                    prop_assert!(!free);
+                    prop_assert!(pages.iter().any(|p| p.0 == start && p.1 == page_end));
+                    prop_assert!(start < end && page_end > offset, "the named page overlaps");
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+
+        /// A view's range is accepted exactly where granted pages cover every byte of it; a refusal
+        /// names a hole inside the range or a page that is not granted.
+        #[test]
+        fn check_covered_accepts_exactly_the_granted_runs(parts in parts(), start in 0usize..40, len in 0usize..20) {
+            let pages = layout(&parts);
+            let end = start + len;
+            let covered = (start..end).all(|u| covering(&pages, u).is_some_and(|p| p.2));
+            match check_covered(&pages, start, end) {
+                Ok(()) => prop_assert!(covered),
+                Err(Error::PageRange { start: s, end: e, problem }) => {
+                    prop_assert!(!covered);
+                    prop_assert!(s < e);
+                    if problem == "are not mapped" {
+                        prop_assert!(start <= s && e <= end);
+                        prop_assert!((s..e).all(|u| covering(&pages, u).is_none()), "a hole");
+                    } else {
+                        prop_assert!(pages.iter().any(|p| (p.0, p.1, p.2) == (s, e, false)));
+                    }
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+
+        /// An unmap is accepted exactly where no page straddles an end of the range, and takes exactly
+        /// the pages inside it.
+        #[test]
+        fn pages_inside_takes_exactly_the_pages_inside(parts in parts(), start in 0usize..40, len in 0usize..20) {
+            let pages = layout(&parts);
+            let end = start + len;
+            let cut = len > 0 && pages.iter().any(|p| p.0 < end && p.1 > start && (p.0 < start || p.1 > end));
+            match pages_inside(&pages, start, end) {
+                Ok(span) => {
+                    prop_assert!(!cut);
+                    let inside: Vec<usize> = (0..pages.len())
+                        .filter(|&i| len > 0 && pages[i].0 >= start && pages[i].1 <= end)
+                        .collect();
+                    prop_assert_eq!(span.clone().collect::<Vec<_>>(), inside);
+                    prop_assert!(span.end <= pages.len());
+                }
+                Err(Error::PageRange { start: s, end: e, .. }) => {
+                    prop_assert!(cut);
+                    prop_assert!(pages.iter().any(|p| p.0 == s && p.1 == e));
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn new_ranges_are_checked_before_the_driver() {
+        let g = 2 << 20;
+        let range = (64 * g as u64, 8 * g, "reservation");
+        assert_eq!(check_new_range(range, 2 * g, 3 * g, g), Ok(5 * g));
+        assert_eq!(check_new_range(range, 5 * g, 3 * g, g), Ok(8 * g));
+        assert!(matches!(
+            check_new_range(range, 0, 0, g),
+            Err(Error::ZeroSize { .. })
+        ));
+        assert!(matches!(
+            check_new_range(range, 0, g + 1, g),
+            Err(Error::NotAligned {
+                what: "mapping size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            check_new_range(range, g / 2, g, g),
+            Err(Error::NotAligned {
+                what: "mapping offset",
+                ..
+            })
+        ));
+        assert_eq!(
+            check_new_range(range, 6 * g, 3 * g, g),
+            Err(Error::OutOfBounds {
+                what: "reservation",
+                start: 6 * g,
+                end: 9 * g,
+                len: 8 * g
+            })
+        );
+        assert!(matches!(
+            check_new_range(range, usize::MAX - g + 1, g, g),
+            Err(Error::Overflow { .. })
+        ));
+        // A base aligned for one granularity but not for a larger one.
+        let odd_base = (g as u64, 8 * g, "reservation");
+        assert!(matches!(
+            check_new_range(odd_base, 2 * g, 2 * g, 2 * g),
+            Err(Error::NotAligned {
+                what: "mapping address",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn hole_and_overlap_errors_name_the_bytes() {
+        let pages = [P(0, 2, true), P(4, 6, true), P(6, 8, false)];
+        assert_eq!(
+            check_covered(&pages, 1, 5),
+            Err(Error::PageRange {
+                start: 2,
+                end: 4,
+                problem: "are not mapped"
+            })
+        );
+        assert!(check_covered(&pages, 4, 6).is_ok());
+        assert!(matches!(
+            check_covered(&pages, 5, 7),
+            Err(Error::PageRange {
+                start: 6,
+                end: 8,
+                ..
+            })
+        ));
+        assert!(matches!(
+            insertion_point(&pages, 1, 3),
+            Err(Error::PageRange {
+                start: 0,
+                end: 2,
+                ..
+            })
+        ));
+        assert_eq!(insertion_point(&pages, 2, 4), Ok(1));
+        assert_eq!(pages_inside(&pages, 2, 8), Ok(1..3));
+        assert!(matches!(
+            pages_inside(&pages, 5, 8),
+            Err(Error::PageRange {
+                start: 4,
+                end: 6,
+                ..
+            })
+        ));
+        assert_eq!(
+            pages_inside(&pages, 1, 1),
+            Ok(0..0),
+            "an empty range cuts nothing"
+        );
+    }
+}
