@@ -245,7 +245,7 @@ fn main() -> ExitCode {
 
 fn run() -> BenchResult<()> {
     match cuda_vmm::init() {
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
+        Err(e) if e.is_no_gpu() => {
             println!("no CUDA device found (cuInit: {e}): nothing to measure.");
             return Ok(());
         }

@@ -16,8 +16,8 @@ use std::process::ExitCode;
 
 use common::{ExampleResult, check};
 use cuda_vmm::{
-    Context, Device, DriverError, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
-    VirtualReservation, align_size, allocation_granularity,
+    Context, Device, Granularity, PhysicalAllocation, ReadOnly, ReadWrite, VirtualReservation,
+    align_size, allocation_granularity,
 };
 
 fn main() -> ExitCode {
@@ -36,7 +36,7 @@ fn tour() -> ExampleResult {
     }
     match cuda_vmm::init() {
         Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
+        Err(e) if e.is_no_gpu() => {
             println!("  cuInit: {e}");
             println!(
                 "no CUDA device found: nothing to tour on this machine (checked: the driver library"

@@ -52,6 +52,15 @@ impl DriverError {
         }
     }
 
+    /// Whether this error means that the machine has no usable GPU: [`NO_DEVICE`](Self::NO_DEVICE)
+    /// (no GPU, or no kernel driver) or [`STUB_LIBRARY`](Self::STUB_LIBRARY) (a toolkit's stub was
+    /// loaded instead of the driver). Programs and tests that should say so and stop, rather than
+    /// fail, ask this of [`init`](crate::init)'s error.
+    #[must_use]
+    pub fn is_no_gpu(self) -> bool {
+        self == DriverError::NO_DEVICE || self == DriverError::STUB_LIBRARY
+    }
+
     /// The raw `CUresult` value (never `0`).
     #[must_use]
     pub const fn code(self) -> u32 {
@@ -481,12 +490,6 @@ pub enum Error {
         /// The ordinal of the device whose memory would be accessed.
         to: i32,
     },
-    /// An ordinal or count the driver cannot represent (for example a device ordinal above
-    /// `i32::MAX`).
-    InvalidArgument {
-        /// What the argument is, such as `"device ordinal"`.
-        what: &'static str,
-    },
     /// Text given as PTX holds a byte that PTX text never has: the safe loader
     /// ([`Module::load_ptx`](crate::Module::load_ptx)) accepts only tab, LF, CR and printable ASCII
     /// (`0x20..=0x7E`), so that no binary image reaches the driver, which would read it as far as
@@ -590,9 +593,6 @@ impl fmt::Display for Error {
                 f,
                 "the driver reports no peer link from device {from} to device {to}"
             ),
-            Error::InvalidArgument { what } => {
-                write!(f, "{what} cannot be represented by the driver")
-            }
             Error::NotPtxText { offset, byte } => write!(
                 f,
                 "byte {byte:#04x} at offset {offset} is not PTX text \
@@ -615,14 +615,10 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Driver(error) => Some(error),
-            _ => None,
-        }
-    }
-}
+/// No error of this crate has a `source`: each one's text is whole on its own (an [`Error::Driver`]
+/// prints the driver's name and description), and a reporter that printed a source too would print
+/// the driver's text twice. [`Error::driver`] gives the driver's code.
+impl std::error::Error for Error {}
 
 #[cfg(test)]
 mod tests {
@@ -728,92 +724,102 @@ mod tests {
 
     #[test]
     fn error_display_source_and_conversion() {
-        let errors = [
-            Error::from(DriverError::OUT_OF_MEMORY),
-            Error::NotAligned {
-                what: "size",
-                value: 4096,
-                granularity: 2 << 20,
-            },
-            Error::ZeroSize { what: "size" },
-            Error::Overflow {
-                what: "offset + size",
-            },
-            Error::OutOfBounds {
-                what: "mapping",
-                start: 10,
-                end: 20,
-                len: 15,
-            },
-            Error::LengthMismatch {
-                expected: 4,
-                found: 5,
-            },
-            Error::NotWholeElements {
-                bytes: 7,
-                element_size: 4,
-            },
-            Error::DeviceMismatch {
-                expected: 0,
-                found: 1,
-            },
-            Error::InvalidArgument {
-                what: "device ordinal",
-            },
-            Error::NotPtxText {
-                offset: 1,
-                byte: 0xed,
-            },
-            Error::CleanupFailed {
-                error: DriverError::OUT_OF_MEMORY,
-                cleanup: DriverError::INVALID_VALUE,
-                what: "mapping",
-            },
-            Error::NoPeerAccess {
-                device: 1,
-                owner: 0,
-            },
-            Error::NoPeerLink { from: 0, to: 3 },
+        let driver = Error::from(DriverError::OUT_OF_MEMORY);
+        let cleanup = Error::CleanupFailed {
+            error: DriverError::OUT_OF_MEMORY,
+            cleanup: DriverError::INVALID_VALUE,
+            what: "mapping",
+        };
+        // (error, its whole text, or "" where only non-emptiness is checked)
+        let cases = [
+            (
+                driver.clone(),
+                "CUDA driver call failed: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory",
+            ),
+            (
+                Error::NotAligned {
+                    what: "size",
+                    value: 4096,
+                    granularity: 2 << 20,
+                },
+                "size 4096 is not a multiple of the allocation granularity 2097152",
+            ),
+            (Error::ZeroSize { what: "size" }, ""),
+            (
+                Error::Overflow {
+                    what: "offset + size",
+                },
+                "",
+            ),
+            (
+                Error::OutOfBounds {
+                    what: "mapping",
+                    start: 10,
+                    end: 20,
+                    len: 15,
+                },
+                "",
+            ),
+            (
+                Error::LengthMismatch {
+                    expected: 4,
+                    found: 5,
+                },
+                "",
+            ),
+            (
+                Error::NotWholeElements {
+                    bytes: 7,
+                    element_size: 4,
+                },
+                "",
+            ),
+            (
+                Error::DeviceMismatch {
+                    expected: 0,
+                    found: 1,
+                },
+                "",
+            ),
+            (
+                Error::NotPtxText {
+                    offset: 1,
+                    byte: 0xed,
+                },
+                "byte 0xed at offset 1 is not PTX text (only tab, LF, CR and printable ASCII are loaded)",
+            ),
+            (
+                cleanup.clone(),
+                "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory; undoing the partial mapping failed too: \
+                 CUDA_ERROR_INVALID_VALUE (1): invalid argument",
+            ),
+            (
+                Error::NoPeerAccess {
+                    device: 1,
+                    owner: 0,
+                },
+                "device 1 has no access to the memory of the view on device 0: grant it access or \
+                 open peer access first, or copy with Route::Auto or Route::Staged",
+            ),
+            (
+                Error::NoPeerLink { from: 0, to: 3 },
+                "the driver reports no peer link from device 0 to device 3",
+            ),
         ];
-        for error in &errors {
+        for (error, text) in &cases {
             assert!(!error.to_string().is_empty(), "{error:?}");
-        }
-        assert_eq!(
-            errors[1].to_string(),
-            "size 4096 is not a multiple of the allocation granularity 2097152"
-        );
-        assert_eq!(
-            errors[9].to_string(),
-            "byte 0xed at offset 1 is not PTX text (only tab, LF, CR and printable ASCII are loaded)"
-        );
-        assert_eq!(
-            errors[10].to_string(),
-            "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory; undoing the partial mapping failed too: \
-             CUDA_ERROR_INVALID_VALUE (1): invalid argument"
-        );
-
-        let driver = &errors[0];
-        assert_eq!(driver.driver(), Some(DriverError::OUT_OF_MEMORY));
-        let source = driver.source().expect("Driver has a source");
-        assert_eq!(
-            source.downcast_ref::<DriverError>(),
-            Some(&DriverError::OUT_OF_MEMORY)
-        );
-        // A failed clean-up reports the operation's own refusal as its driver error.
-        assert_eq!(errors[10].driver(), Some(DriverError::OUT_OF_MEMORY));
-        assert!(errors[10].source().is_none());
-        assert_eq!(
-            errors[11].to_string(),
-            "device 1 has no access to the memory of the view on device 0: grant it access or open \
-             peer access first, or copy with Route::Auto or Route::Staged"
-        );
-        assert_eq!(
-            errors[12].to_string(),
-            "the driver reports no peer link from device 0 to device 3"
-        );
-        for error in errors[1..10].iter().chain(&errors[11..]) {
+            if !text.is_empty() {
+                assert_eq!(error.to_string(), *text);
+            }
+            // Every text is whole on its own (the driver's text included), so no error also hands
+            // out a source that a reporter would print a second time.
             assert!(error.source().is_none(), "{error:?}");
-            assert_eq!(error.driver(), None);
+        }
+        // The driver's refusal, where there was one: for a failed clean-up, the operation's own.
+        assert_eq!(driver.driver(), Some(DriverError::OUT_OF_MEMORY));
+        assert_eq!(cleanup.driver(), Some(DriverError::OUT_OF_MEMORY));
+        for (error, _) in cases.iter().skip(1).filter(|(e, _)| *e != cleanup) {
+            assert_eq!(error.driver(), None, "{error:?}");
         }
     }
 

@@ -9,7 +9,7 @@ use std::ffi::CString;
 use std::fmt::{Debug, LowerHex};
 use std::process::ExitCode;
 
-use cuda_vmm::{Context, Device, DeviceSlice, DeviceSliceMut, DriverError, Module};
+use cuda_vmm::{Context, Device, DeviceSlice, DeviceSliceMut, Module};
 
 /// What an example's steps return: any error ends the example with a message.
 pub(crate) type ExampleResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -54,7 +54,7 @@ pub(crate) fn devices_or_none(nothing_to_do: &str) -> ExampleResult<Option<Vec<D
     }
     match cuda_vmm::init() {
         Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
+        Err(e) if e.is_no_gpu() => {
             println!("  checked: cuInit: {e}");
             println!("no CUDA device found: {nothing_to_do} on this machine.");
             return Ok(None);

@@ -38,7 +38,7 @@ pub fn gpus_or_skip(test: &str, needed: usize) -> Option<Vec<(Device, Context)>>
 pub fn devices_or_skip(test: &str, needed: usize) -> Option<Vec<Device>> {
     match cuda_vmm::init() {
         Ok(()) => {}
-        Err(e) if e == DriverError::NO_DEVICE || e == DriverError::STUB_LIBRARY => {
+        Err(e) if e.is_no_gpu() => {
             let version =
                 cuda_vmm::driver_version().map_or_else(|e| e.to_string(), |v| v.to_string());
             skip(&format!(
