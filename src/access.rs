@@ -6,7 +6,7 @@ use core::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{Error, first_error};
+use crate::error::{Error, Result, check, first_error};
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 
@@ -279,7 +279,7 @@ impl<'a, M: AccessMode> ScopedAccess<'a, M> {
         // after one reports an (older, sticky) error. Then revoke in any case, and report the first
         // error.
         let synced = first_error(a.contexts.iter().map(Context::synchronize));
-        let revoked = crate::mapping::revoke(a.ptr, a.size, a.contexts);
+        let revoked = revoke(a.ptr, a.size, a.contexts);
         synced?;
         Ok(revoked?)
     }
@@ -317,6 +317,90 @@ impl<M: AccessMode> Drop for ScopedAccess<'_, M> {
         // Errors are ignored: `drop` cannot return them; call `revoke` to see them.
         let _ = self.end();
     }
+}
+
+/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range that the caller keeps mapped and
+/// borrowed exclusively while the `Access` lives, for every device of `contexts` in `mode`: the [`Access`] of both
+/// layers' grants.
+///
+/// # Errors
+/// The driver's refusal, after every device was set back to no access (device by device: whatever
+/// part of the call the driver applied is taken back); [`Error::CleanupFailed`] (`what`: `"grant"`)
+/// where a device cannot be set back, since whether the refused call had granted it cannot be told.
+pub(crate) fn grant_range<M: AccessMode>(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    contexts: Contexts<'_>,
+    mode: M,
+) -> Result<Access<'_, M>, Error> {
+    if let Err(error) = set_access(ptr, size, contexts, M::FLAGS) {
+        return Err(match revoke_each(ptr, size, contexts) {
+            Ok(()) => Error::Driver(error),
+            Err(cleanup) => Error::CleanupFailed {
+                error,
+                cleanup,
+                what: "grant",
+            },
+        });
+    }
+    Ok(Access::new(ptr, size, contexts, mode))
+}
+
+/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, for every device of `contexts`.
+pub(crate) fn set_access(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    contexts: Contexts<'_>,
+    flags: u32,
+) -> Result<()> {
+    let desc = |c: &Context| sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: c.device().as_raw(),
+        },
+        flags,
+    };
+    // One device (the common case) needs no heap allocation.
+    let one: [sys::CUmemAccessDesc; 1];
+    let many: Vec<sys::CUmemAccessDesc>;
+    let descs: &[sys::CUmemAccessDesc] = match contexts {
+        Contexts::One(c) => {
+            one = [desc(c)];
+            &one
+        }
+        Contexts::Many { all, .. } => {
+            many = all.iter().map(|c| desc(c)).collect();
+            &many
+        }
+    };
+    // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
+    // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
+    check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
+}
+
+/// Sets every device of `contexts` back to no access to `[ptr, ptr + size)`, a whole mapped range: in
+/// one call, or device by device where the driver refuses the one call, so that one device's refusal
+/// leaves no other device granted.
+///
+/// # Errors
+/// The first device's refusal, where revoking it alone failed too.
+pub(crate) fn revoke(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
+    match set_access(ptr, size, contexts, sys::CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+        Ok(()) => Ok(()),
+        Err(_) => revoke_each(ptr, size, contexts),
+    }
+}
+
+/// [`revoke`] device by device: every device is tried; the first refusal is returned.
+fn revoke_each(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
+    first_error(contexts.iter().map(|context| {
+        set_access(
+            ptr,
+            size,
+            Contexts::One(context),
+            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        )
+    }))
 }
 
 /// How many `T`s fill `bytes` exactly.

@@ -4,10 +4,10 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
-use crate::access::{Access, AccessMode, Contexts, ScopedAccess};
+use crate::access::{Access, AccessMode, Contexts, ScopedAccess, grant_range};
 use crate::device::Context;
-use crate::error::{Error, Result, check, first_error};
-use crate::physical::PhysicalAllocation;
+use crate::error::{DriverError, Error, Result, check};
+use crate::physical::{PhysicalAllocation, check_multiple};
 use crate::reservation::{Region, VirtualReservation};
 use crate::sys;
 
@@ -155,88 +155,117 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     }
 }
 
-/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range that the caller keeps mapped and
-/// borrowed exclusively while the `Access` lives, for every device of `contexts` in `mode`: the [`Access`] of both
-/// layers' grants.
-///
-/// # Errors
-/// The driver's refusal, after every device was set back to no access (device by device: whatever
-/// part of the call the driver applied is taken back); [`Error::CleanupFailed`] (`what`: `"grant"`)
-/// where a device cannot be set back, since whether the refused call had granted it cannot be told.
-pub(crate) fn grant_range<M: AccessMode>(
-    ptr: sys::CUdeviceptr,
-    size: usize,
-    contexts: Contexts<'_>,
-    mode: M,
-) -> Result<Access<'_, M>, Error> {
-    if let Err(error) = set_access(ptr, size, contexts, M::FLAGS) {
-        return Err(match revoke_each(ptr, size, contexts) {
+/// Mapping into a region: the region shrinks by what it maps (here, so that reservation.rs, below
+/// this module, never names a `Mapping`).
+impl<'va> Region<'va> {
+    /// `cuMemMap` — map the whole of `memory` at the start of the region, and shrink the region by its
+    /// size.
+    ///
+    /// The driver maps only whole allocations (a partial mapping is `CUDA_ERROR_NOT_SUPPORTED`), so no
+    /// offset or size is asked for: choose the address by [splitting](Region::split_at) or
+    /// [skipping](Region::skip). The mapping is not accessible until [granted](Mapping::grant).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where the region is smaller than `memory`; [`Error::NotAligned`] where the
+    /// region's start is not a multiple of the memory's granularity; the driver's error otherwise. On any
+    /// error the region is unchanged and nothing is mapped.
+    #[doc(alias = "cuMemMap")]
+    pub fn map<'mem>(
+        &mut self,
+        memory: &'mem PhysicalAllocation,
+    ) -> Result<Mapping<'va, 'mem>, Error> {
+        self.map_all(&[memory])
+    }
+
+    /// `cuMemMap` each allocation in turn, back to back from the start of the region, as one
+    /// [`Mapping`]: access to all of them is granted (and they are unmapped) together, as the driver
+    /// allows for adjacent whole mappings.
+    ///
+    /// # Errors
+    /// As [`Region::map`]; [`Error::ZeroSize`] for an empty list. On any error, the allocations already
+    /// mapped by this call are unmapped again, the region is unchanged and nothing is mapped; except
+    /// for [`Error::CleanupFailed`] (`what`: `"mapping"`), where the driver refused a `cuMemMap` and
+    /// then the `cuMemUnmap` that undoes the allocations mapped before it. Those may then stay
+    /// mapped, so the front of the region they were mapped into is taken out of the region, never to be
+    /// mapped again: it is leaked, as the range of a forgotten mapping is (the reservation's
+    /// `cuMemAddressFree` will be refused), and the rest of the region is unchanged. No such refusal
+    /// of a whole-mapping unmap is known.
+    #[doc(alias = "cuMemMap")]
+    pub fn map_all<'mem>(
+        &mut self,
+        memory: &[&'mem PhysicalAllocation],
+    ) -> Result<Mapping<'va, 'mem>, Error> {
+        if memory.is_empty() {
+            return Err(Error::ZeroSize {
+                what: "list of allocations to map",
+            });
+        }
+        let mut total = 0usize;
+        for m in memory {
+            let at = usize::try_from(self.start())
+                .ok()
+                .and_then(|s| s.checked_add(total));
+            check_multiple(
+                "mapping address",
+                at.ok_or(Error::Overflow {
+                    what: "mapping address",
+                })?,
+                m.granularity(),
+            )?;
+            total = total.checked_add(m.size()).ok_or(Error::Overflow {
+                what: "mapping size",
+            })?;
+        }
+        if total > self.len() {
+            return Err(Error::OutOfBounds {
+                what: "mapping",
+                start: 0,
+                end: total,
+                len: self.len(),
+            });
+        }
+        let mut mapped = 0usize;
+        for m in memory {
+            let at = self.start() + mapped as u64;
+            // SAFETY: `[at, at + size)` lies inside this region (checked above), which no other live
+            // region or mapping covers (a forgotten mapping may: the driver refuses `cuMemMap` over any
+            // mapped byte, measured in `tests/driver_facts.rs`); `m.as_raw()` is a live allocation
+            // handle (borrowed for `'mem`); offset 0 and flags 0 as the driver requires.
+            let code = unsafe { sys::cuMemMap(at, m.size(), 0, m.as_raw(), 0) };
+            if let Err(error) = check(code) {
+                let undo = if mapped > 0 {
+                    // SAFETY: `[start, start + mapped)` was mapped by this call just above, as whole
+                    // allocations back to back, and is unmapped once.
+                    check(unsafe { sys::cuMemUnmap(self.start(), mapped) })
+                } else {
+                    Ok(())
+                };
+                return Err(self.map_refused(error, mapped, undo));
+            }
+            mapped += m.size();
+        }
+        let mapping = Mapping::from_mapped(self.start(), total);
+        self.take_front(total);
+        Ok(mapping)
+    }
+
+    /// The error of a [`map_all`](Region::map_all) whose `cuMemMap` was refused with `error` after
+    /// `mapped` bytes at the front of the region had been mapped, given `undo`, the answer of unmapping
+    /// them again. Where the undo was refused, the front may still be mapped: it is taken out of the
+    /// region, so that it is never mapped again (a leak).
+    fn map_refused(&mut self, error: DriverError, mapped: usize, undo: Result<()>) -> Error {
+        match undo {
             Ok(()) => Error::Driver(error),
-            Err(cleanup) => Error::CleanupFailed {
-                error,
-                cleanup,
-                what: "grant",
-            },
-        });
-    }
-    Ok(Access::new(ptr, size, contexts, mode))
-}
-
-/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, for every device of `contexts`.
-pub(crate) fn set_access(
-    ptr: sys::CUdeviceptr,
-    size: usize,
-    contexts: Contexts<'_>,
-    flags: u32,
-) -> Result<()> {
-    let desc = |c: &Context| sys::CUmemAccessDesc {
-        location: sys::CUmemLocation {
-            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: c.device().as_raw(),
-        },
-        flags,
-    };
-    // One device (the common case) needs no heap allocation.
-    let one: [sys::CUmemAccessDesc; 1];
-    let many: Vec<sys::CUmemAccessDesc>;
-    let descs: &[sys::CUmemAccessDesc] = match contexts {
-        Contexts::One(c) => {
-            one = [desc(c)];
-            &one
+            Err(cleanup) => {
+                self.take_front(mapped);
+                Error::CleanupFailed {
+                    error,
+                    cleanup,
+                    what: "mapping",
+                }
+            }
         }
-        Contexts::Many { all, .. } => {
-            many = all.iter().map(|c| desc(c)).collect();
-            &many
-        }
-    };
-    // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
-    // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
-    check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
-}
-
-/// Sets every device of `contexts` back to no access to `[ptr, ptr + size)`, a whole mapped range: in
-/// one call, or device by device where the driver refuses the one call, so that one device's refusal
-/// leaves no other device granted.
-///
-/// # Errors
-/// The first device's refusal, where revoking it alone failed too.
-pub(crate) fn revoke(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
-    match set_access(ptr, size, contexts, sys::CU_MEM_ACCESS_FLAGS_PROT_NONE) {
-        Ok(()) => Ok(()),
-        Err(_) => revoke_each(ptr, size, contexts),
     }
-}
-
-/// [`revoke`] device by device: every device is tried; the first refusal is returned.
-fn revoke_each(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
-    first_error(contexts.iter().map(|context| {
-        set_access(
-            ptr,
-            size,
-            Contexts::One(context),
-            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-        )
-    }))
 }
 
 impl Drop for Mapping<'_, '_> {
@@ -247,5 +276,41 @@ impl Drop for Mapping<'_, '_> {
         // The error is ignored: `drop` cannot return it and no failure of a whole-mapping unmap is known.
         // Call `unmap` to see it.
         let _ = code;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::reservation::Region;
+    use crate::{DriverError, Error};
+
+    #[test]
+    fn a_front_that_could_not_be_unmapped_leaves_the_region() {
+        let (start, len, mapped) = (1u64 << 40, 8usize << 20, 2usize << 20);
+
+        // The undo worked: the driver's refusal, and the region unchanged.
+        let mut region = Region::from_unmapped(start, len);
+        let e = region.map_refused(DriverError::OUT_OF_MEMORY, mapped, Ok(()));
+        assert_eq!(e, Error::Driver(DriverError::OUT_OF_MEMORY));
+        assert_eq!((region.start(), region.len()), (start, len));
+
+        // The undo was refused: both errors, and the possibly still mapped front is gone.
+        let e = region.map_refused(
+            DriverError::OUT_OF_MEMORY,
+            mapped,
+            Err(DriverError::INVALID_VALUE),
+        );
+        assert_eq!(
+            e,
+            Error::CleanupFailed {
+                error: DriverError::OUT_OF_MEMORY,
+                cleanup: DriverError::INVALID_VALUE,
+                what: "mapping",
+            }
+        );
+        assert_eq!(
+            (region.start(), region.len()),
+            (start + mapped as u64, len - mapped)
+        );
     }
 }

@@ -4,9 +4,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
-use crate::error::{DriverError, Error, Result, check};
-use crate::mapping::Mapping;
-use crate::physical::{PhysicalAllocation, check_multiple};
+use crate::error::{Error, Result, check};
 use crate::sys;
 
 /// A reserved range of the process's unified virtual address space, freed on drop.
@@ -126,7 +124,7 @@ impl Drop for VirtualReservation {
 /// mapping takes memory from the front of a region. Because of that, two mappings can never overlap.
 ///
 /// # Lifetimes
-/// `'va` is the mutable borrow of the reservation the region was carved from. Every [`Mapping`] made
+/// `'va` is the mutable borrow of the reservation the region was carved from. Every [`Mapping`](crate::Mapping) made
 /// from the region carries the same `'va`, so the reservation outlives all of them.
 pub struct Region<'va> {
     start: sys::CUdeviceptr,
@@ -146,7 +144,7 @@ impl fmt::Debug for Region<'_> {
 }
 
 impl<'va> Region<'va> {
-    /// Rebuilds the region of an unmapped range (used by [`Mapping::unmap`]).
+    /// Rebuilds the region of an unmapped range (used by [`Mapping::unmap`](crate::Mapping::unmap)).
     pub(crate) fn from_unmapped(start: sys::CUdeviceptr, len: usize) -> Region<'va> {
         Region {
             start,
@@ -214,156 +212,18 @@ impl<'va> Region<'va> {
         Ok(())
     }
 
-    fn take_front(&mut self, bytes: usize) {
+    /// Removes `bytes` (at most `len`) from the front: mapped, or taken out of use.
+    pub(crate) fn take_front(&mut self, bytes: usize) {
         self.start += bytes as u64;
         self.len -= bytes;
-    }
-
-    /// `cuMemMap` — map the whole of `memory` at the start of the region, and shrink the region by its
-    /// size.
-    ///
-    /// The driver maps only whole allocations (a partial mapping is `CUDA_ERROR_NOT_SUPPORTED`), so no
-    /// offset or size is asked for: choose the address by [splitting](Region::split_at) or
-    /// [skipping](Region::skip). The mapping is not accessible until [granted](Mapping::grant).
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`] where the region is smaller than `memory`; [`Error::NotAligned`] where the
-    /// region's start is not a multiple of the memory's granularity; the driver's error otherwise. On any
-    /// error the region is unchanged and nothing is mapped.
-    #[doc(alias = "cuMemMap")]
-    pub fn map<'mem>(
-        &mut self,
-        memory: &'mem PhysicalAllocation,
-    ) -> Result<Mapping<'va, 'mem>, Error> {
-        self.map_all(&[memory])
-    }
-
-    /// `cuMemMap` each allocation in turn, back to back from the start of the region, as one
-    /// [`Mapping`]: access to all of them is granted (and they are unmapped) together, as the driver
-    /// allows for adjacent whole mappings.
-    ///
-    /// # Errors
-    /// As [`Region::map`]; [`Error::ZeroSize`] for an empty list. On any error, the allocations already
-    /// mapped by this call are unmapped again, the region is unchanged and nothing is mapped; except
-    /// for [`Error::CleanupFailed`] (`what`: `"mapping"`), where the driver refused a `cuMemMap` and
-    /// then the `cuMemUnmap` that undoes the allocations mapped before it. Those may then stay
-    /// mapped, so the front of the region they were mapped into is taken out of the region, never to be
-    /// mapped again: it is leaked, as the range of a forgotten mapping is (the reservation's
-    /// `cuMemAddressFree` will be refused), and the rest of the region is unchanged. No such refusal
-    /// of a whole-mapping unmap is known.
-    #[doc(alias = "cuMemMap")]
-    pub fn map_all<'mem>(
-        &mut self,
-        memory: &[&'mem PhysicalAllocation],
-    ) -> Result<Mapping<'va, 'mem>, Error> {
-        if memory.is_empty() {
-            return Err(Error::ZeroSize {
-                what: "list of allocations to map",
-            });
-        }
-        let mut total = 0usize;
-        for m in memory {
-            let at = usize::try_from(self.start)
-                .ok()
-                .and_then(|s| s.checked_add(total));
-            check_multiple(
-                "mapping address",
-                at.ok_or(Error::Overflow {
-                    what: "mapping address",
-                })?,
-                m.granularity(),
-            )?;
-            total = total.checked_add(m.size()).ok_or(Error::Overflow {
-                what: "mapping size",
-            })?;
-        }
-        if total > self.len {
-            return Err(Error::OutOfBounds {
-                what: "mapping",
-                start: 0,
-                end: total,
-                len: self.len,
-            });
-        }
-        let mut mapped = 0usize;
-        for m in memory {
-            let at = self.start + mapped as u64;
-            // SAFETY: `[at, at + size)` lies inside this region (checked above), which no other live
-            // region or mapping covers (a forgotten mapping may: the driver refuses `cuMemMap` over any
-            // mapped byte, measured in `tests/driver_facts.rs`); `m.as_raw()` is a live allocation
-            // handle (borrowed for `'mem`); offset 0 and flags 0 as the driver requires.
-            let code = unsafe { sys::cuMemMap(at, m.size(), 0, m.as_raw(), 0) };
-            if let Err(error) = check(code) {
-                let undo = if mapped > 0 {
-                    // SAFETY: `[start, start + mapped)` was mapped by this call just above, as whole
-                    // allocations back to back, and is unmapped once.
-                    check(unsafe { sys::cuMemUnmap(self.start, mapped) })
-                } else {
-                    Ok(())
-                };
-                return Err(self.map_refused(error, mapped, undo));
-            }
-            mapped += m.size();
-        }
-        let mapping = Mapping::from_mapped(self.start, total);
-        self.take_front(total);
-        Ok(mapping)
-    }
-
-    /// The error of a [`map_all`](Region::map_all) whose `cuMemMap` was refused with `error` after
-    /// `mapped` bytes at the front of the region had been mapped, given `undo`, the answer of unmapping
-    /// them again. Where the undo was refused, the front may still be mapped: it is taken out of the
-    /// region, so that it is never mapped again (a leak).
-    fn map_refused(&mut self, error: DriverError, mapped: usize, undo: Result<()>) -> Error {
-        match undo {
-            Ok(()) => Error::Driver(error),
-            Err(cleanup) => {
-                self.take_front(mapped);
-                Error::CleanupFailed {
-                    error,
-                    cleanup,
-                    what: "mapping",
-                }
-            }
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::Region;
-    use crate::{DriverError, Error};
+    use crate::Error;
     use proptest::prelude::*;
-
-    #[test]
-    fn a_front_that_could_not_be_unmapped_leaves_the_region() {
-        let (start, len, mapped) = (1u64 << 40, 8usize << 20, 2usize << 20);
-
-        // The undo worked: the driver's refusal, and the region unchanged.
-        let mut region = Region::from_unmapped(start, len);
-        let e = region.map_refused(DriverError::OUT_OF_MEMORY, mapped, Ok(()));
-        assert_eq!(e, Error::Driver(DriverError::OUT_OF_MEMORY));
-        assert_eq!((region.start(), region.len()), (start, len));
-
-        // The undo was refused: both errors, and the possibly still mapped front is gone.
-        let e = region.map_refused(
-            DriverError::OUT_OF_MEMORY,
-            mapped,
-            Err(DriverError::INVALID_VALUE),
-        );
-        assert_eq!(
-            e,
-            Error::CleanupFailed {
-                error: DriverError::OUT_OF_MEMORY,
-                cleanup: DriverError::INVALID_VALUE,
-                what: "mapping",
-            }
-        );
-        assert_eq!(
-            (region.start(), region.len()),
-            (start + mapped as u64, len - mapped)
-        );
-    }
 
     proptest! {
         /// Splitting and skipping keep regions disjoint and covering: the parts of a region are exactly

@@ -7,10 +7,10 @@ use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
+use crate::access::set_access;
 use crate::access::{AccessMode, Contexts, ReadWrite, elements};
 use crate::device::{Context, Device};
 use crate::error::{DriverError, Error, check, first_error};
-use crate::mapping::set_access;
 use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::reservation::VirtualReservation;
 use crate::sys;

@@ -6,10 +6,10 @@ use core::mem::ManuallyDrop;
 use core::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::access::grant_range;
 use crate::access::{Access, AccessMode, Contexts};
 use crate::device::Context;
 use crate::error::{DriverError, Error, check};
-use crate::mapping::grant_range;
 use crate::physical::PhysicalAllocation;
 use crate::reservation::VirtualReservation;
 use crate::sys;
