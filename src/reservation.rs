@@ -68,7 +68,9 @@ impl VirtualReservation {
         Ok(VirtualReservation { base, size })
     }
 
-    /// The first address of the range.
+    /// The first address of the range. While a region of the reservation lives, the reservation is
+    /// borrowed mutably and this cannot be called: read the base first, or from the whole region
+    /// ([`Region::start`] of [`region`](VirtualReservation::region)'s result, before it is carved).
     #[must_use]
     pub fn base(&self) -> u64 {
         self.base
@@ -175,7 +177,8 @@ impl<'va> Region<'va> {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] where `offset > len`; the region is dropped (it can be carved again from
-    /// the reservation once every part of it is gone).
+    /// the reservation once every part of it is gone). To keep it on error, use
+    /// [`split_off`](Region::split_off).
     pub fn split_at(self, offset: usize) -> Result<(Region<'va>, Region<'va>), Error> {
         if offset > self.len {
             return Err(Error::OutOfBounds {
@@ -193,6 +196,24 @@ impl<'va> Region<'va> {
             },
             tail,
         ))
+    }
+
+    /// Splits off `[offset, len)` as a new region and keeps `[0, offset)`, as `Vec::split_off` does.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `offset > len`; the region is unchanged.
+    pub fn split_off(&mut self, offset: usize) -> Result<Region<'va>, Error> {
+        if offset > self.len {
+            return Err(Error::OutOfBounds {
+                what: "region split",
+                start: offset,
+                end: offset,
+                len: self.len,
+            });
+        }
+        let tail = Region::from_unmapped(self.start + offset as u64, self.len - offset);
+        self.len = offset;
+        Ok(tail)
     }
 
     /// Removes `bytes` from the front of the region, leaving a hole no mapping can use.
@@ -253,6 +274,24 @@ mod tests {
                     continue;
                 }
                 let total = rest.len();
+                if cut % 3 == 1 {
+                    let before = (rest.start(), rest.len());
+                    match rest.split_off(cut) {
+                        Ok(tail) => {
+                            prop_assert_eq!(rest.start(), covered);
+                            prop_assert_eq!((rest.len(), tail.start()), (cut, covered + cut as u64));
+                            prop_assert_eq!(rest.len() + tail.len(), total);
+                            covered = tail.start();
+                            rest = tail;
+                        }
+                        Err(e) => {
+                            prop_assert!(cut > total);
+                            prop_assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+                            prop_assert_eq!((rest.start(), rest.len()), before, "a failed split_off changes nothing");
+                        }
+                    }
+                    continue;
+                }
                 match rest.split_at(cut) {
                     Ok((head, tail)) => {
                         prop_assert_eq!(head.start(), covered);

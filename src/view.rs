@@ -363,6 +363,24 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         })
     }
 
+    /// The writable sub-view of the elements in `range`, for the whole of `'a`: as
+    /// [`slice_mut`](DeviceSliceMut::slice_mut), consuming the view, so that a sub-view can be named in
+    /// one expression (`access.slice_mut::<f32>()?.into_slice_mut(..n)?`).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `range` is not inside `0..len`.
+    pub fn into_slice_mut(
+        self,
+        range: impl RangeBounds<usize>,
+    ) -> Result<DeviceSliceMut<'a, T>, Error> {
+        let (start, end) = bounds(range, self.len)?;
+        Ok(DeviceSliceMut {
+            ptr: offset::<T>(self.ptr, start),
+            len: end - start,
+            ..self
+        })
+    }
+
     /// Splits into two disjoint writable views, `[0, mid)` and `[mid, len)`.
     ///
     /// # Errors

@@ -266,7 +266,11 @@ fn cross_device_copies_without_access_are_staged_or_refused() {
         let mut region = reservation.region();
         let mut mapping = region.map(&memory).unwrap();
         let mut own = mapping.grant(a, ReadWrite).unwrap();
-        let (mut vmm, _) = own.slice_mut::<u32>().unwrap().split_at_mut(len).unwrap();
+        let mut vmm = own
+            .slice_mut::<u32>()
+            .unwrap()
+            .into_slice_mut(..len)
+            .unwrap();
         vmm.copy_from_host(&input).unwrap();
         let vmm = vmm.as_slice();
 
