@@ -510,6 +510,40 @@ pub enum Error {
         /// What was being undone, such as `"mapping"` or `"grant"`.
         what: &'static str,
     },
+    /// The device does not support what was asked, as its attribute says (checked before the call
+    /// that needs it): host or host-NUMA memory, or a kind of shareable handle.
+    Unsupported {
+        /// What is not supported, such as `"host NUMA memory"`.
+        what: &'static str,
+        /// The device's ordinal.
+        device: i32,
+        /// The `CUdevice_attribute` that answered 0 (or that the driver does not know).
+        attribute: i32,
+    },
+    /// The driver refused an operation for a reason this crate can name: for fabric-shareable memory,
+    /// `CUDA_ERROR_NOT_PERMITTED` means that the process has no IMEX channel.
+    Refused {
+        /// What was refused, such as `"fabric-shareable memory"`.
+        what: &'static str,
+        /// Why, in words.
+        why: &'static str,
+        /// The driver's error.
+        error: DriverError,
+    },
+    /// The operating system refused a call that passes a handle between processes (`sendmsg`,
+    /// `recvmsg`, `pidfd_open`, `pidfd_getfd`).
+    Os {
+        /// The call, and where it helps, when the kernel refuses it.
+        what: &'static str,
+        /// The `errno` value.
+        errno: i32,
+    },
+    /// A handle received from another process, or its description, is malformed: checked before any
+    /// driver call sees it.
+    InvalidMessage {
+        /// What is wrong, such as `"expected exactly one file descriptor"`.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -517,7 +551,9 @@ impl Error {
     #[must_use]
     pub fn driver(&self) -> Option<DriverError> {
         match *self {
-            Error::Driver(error) | Error::CleanupFailed { error, .. } => Some(error),
+            Error::Driver(error)
+            | Error::CleanupFailed { error, .. }
+            | Error::Refused { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -594,6 +630,26 @@ impl fmt::Display for Error {
                 f,
                 "{error}; undoing the partial {what} failed too: {cleanup}"
             ),
+            Error::Unsupported {
+                what,
+                device,
+                attribute,
+            } => write!(
+                f,
+                "device {device} does not support {what} (device attribute {attribute} is 0 or unknown \
+                 to this driver)"
+            ),
+            Error::Refused { what, why, error } => {
+                write!(f, "the driver refused {what}: {why} ({error})")
+            }
+            Error::Os { what, errno } => write!(
+                f,
+                "{what} failed: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ),
+            Error::InvalidMessage { what } => {
+                write!(f, "invalid shared-allocation message: {what}")
+            }
         }
     }
 }
@@ -707,6 +763,47 @@ mod tests {
         assert_eq!(check(1), Err(DriverError::INVALID_VALUE));
         assert_eq!(check(u32::MAX).unwrap_err().code(), u32::MAX);
         assert_eq!(size_of::<Result<()>>(), size_of::<u32>());
+    }
+
+    #[test]
+    fn errors_of_host_memory_and_ipc() {
+        let refused = Error::Refused {
+            what: "fabric-shareable memory",
+            why: "no IMEX channel is accessible to this process",
+            error: DriverError::NOT_PERMITTED,
+        };
+        assert_eq!(refused.driver(), Some(DriverError::NOT_PERMITTED));
+        assert_eq!(
+            refused.to_string(),
+            "the driver refused fabric-shareable memory: no IMEX channel is accessible to this \
+             process (CUDA_ERROR_NOT_PERMITTED (800): operation not permitted)"
+        );
+        let unsupported = Error::Unsupported {
+            what: "host NUMA memory",
+            device: 0,
+            attribute: 141,
+        };
+        assert_eq!(
+            unsupported.to_string(),
+            "device 0 does not support host NUMA memory (device attribute 141 is 0 or unknown to \
+             this driver)"
+        );
+        let os = Error::Os {
+            what: "pidfd_getfd",
+            errno: 1,
+        };
+        assert!(os.to_string().starts_with("pidfd_getfd failed: "), "{os}");
+        let message = Error::InvalidMessage {
+            what: "expected exactly one file descriptor",
+        };
+        assert_eq!(
+            message.to_string(),
+            "invalid shared-allocation message: expected exactly one file descriptor"
+        );
+        for error in [&unsupported, &os, &message] {
+            assert_eq!(error.driver(), None);
+            assert!(error.source().is_none());
+        }
     }
 
     #[test]
