@@ -109,6 +109,9 @@ mod access;
 mod buffer;
 mod device;
 mod error;
+mod host;
+#[cfg(unix)]
+mod ipc;
 mod mapping;
 mod module;
 mod peer;
@@ -122,6 +125,9 @@ pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
 pub use buffer::DeviceBuffer;
 pub use device::{Context, Device, driver_version, init};
 pub use error::{DriverError, Error, Result};
+pub use host::{HostAccess, HostAllocation, HostMapping};
+#[cfg(unix)]
+pub use ipc::{ExportInfo, ExportedAllocation, Fabric, HandleKind, PosixFd, ShareableAllocation};
 pub use mapping::Mapping;
 pub use module::{Function, Module};
 pub use peer::{P2PAttributes, PeerAccess, PeerLink, can_access_peer, p2p_attributes};
