@@ -8,7 +8,7 @@
 
 use std::io::{IoSlice, Read, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use cuda_vmm::{Error, ExportInfo, ExportedAllocation};
@@ -135,8 +135,12 @@ fn received_messages_are_checked_before_any_driver_call() {
         "every descriptor of a refused message was closed"
     );
 
-    // pidfd_getfd: arguments no process could have are refused before any system call; this
-    // process's own descriptor can be taken, unless the kernel refuses (which must be an error).
+    take_from_process(&pipe_read, &pipe_write, info);
+}
+
+/// `pidfd_getfd`: arguments no process could have are refused before any system call; this process's
+/// own descriptor can be taken, unless the kernel refuses (which must be an error).
+fn take_from_process(pipe_read: &OwnedFd, pipe_write: &OwnedFd, info: ExportInfo) {
     let me = std::process::id();
     assert!(matches!(
         ExportedAllocation::take_from_process(0, 3, info),
@@ -150,7 +154,6 @@ fn received_messages_are_checked_before_any_driver_call() {
         ExportedAllocation::take_from_process(me, 1 << 30, info),
         Err(Error::Os { .. })
     ));
-    use std::os::fd::AsRawFd;
     match ExportedAllocation::take_from_process(me, pipe_write.as_raw_fd(), info) {
         Ok(taken) => {
             assert_eq!(taken.info(), info);
@@ -158,7 +161,7 @@ fn received_messages_are_checked_before_any_driver_call() {
                 .write_all(b"y")
                 .unwrap();
             let mut byte = [0u8; 1];
-            std::fs::File::from(pipe_read)
+            std::fs::File::from(pipe_read.try_clone().unwrap())
                 .read_exact(&mut byte)
                 .unwrap();
             assert_eq!(&byte, b"y");
