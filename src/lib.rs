@@ -63,6 +63,10 @@
 //! | peer memory is not used after its access ends | use of peer memory after `cuCtxDisablePeerAccess` | `peer/peer_view_after_guard_ended`, `peer/guard_disabled_while_view_lives` |
 //! | a scoped grant does not outlive its mapping, nor its views the grant | use after unmap or revoke | `peer/scoped_grant_outlives_mapping`, `peer/scoped_view_outlives_grant` |
 //! | the access a direct copy between devices relies on lives as long as the view that carries it | a copy over the link after access ended | `peer/direct_copy_source_outlives_grant` |
+//! | only memory created shareable ([`ShareableAllocation<PosixFd>`]) can be exported | `cuMemExportToShareableHandle` of memory created without `requestedHandleTypes` | `ipc/physical_exported` |
+//! | an imported allocation is not used after its release | `cuMemMap` of a released handle | `ipc/imported_used_after_release` |
+//! | a CPU slice of host memory does not outlive its CPU grant | CPU access after the grant ended | `host/slice_outlives_host_grant` |
+//! | the CPU borrows host memory only while no device view of the mapping, and no alias mapping, exists | a device write racing a Rust `&mut [T]` | `host/slice_mut_while_device_view_writable`, `host/aliased_while_host_mapped` |
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
