@@ -294,6 +294,25 @@ impl<'va> HostMapping<'va, '_> {
 ///
 /// The bytes are plain data (`T: Pod`), so whatever the driver or a device left there is a valid `T`.
 ///
+/// A CPU grant while a device view of the same mapping lives does not compile:
+///
+/// ```compile_fail,E0499
+/// # use cuda_vmm::{Context, Device, HostAllocation, ReadWrite, VirtualReservation};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let device = Device::get(0)?;
+/// # let context = Context::new(device)?;
+/// # let mut memory = HostAllocation::near(device, 2 << 20)?;
+/// # let mut reservation = VirtualReservation::new(2 << 20, 0)?;
+/// # let mut region = reservation.region();
+/// let mut mapping = region.map_host(&mut memory)?;
+/// let mut on_device = mapping.grant(&context, ReadWrite)?;
+/// let mut view = on_device.slice_mut::<u32>()?;
+/// let mut cpu = mapping.grant_host(ReadWrite)?; // a device view of the mapping lives
+/// view.copy_from_host(cpu.as_mut_slice::<u32>()?)?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Lifetimes
 /// `'a` is the mutable borrow of the host mapping.
 pub struct HostAccess<'a, M: AccessMode> {
