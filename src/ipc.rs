@@ -460,7 +460,8 @@ impl ExportedAllocation {
     /// (`cuMemGetAllocationPropertiesFromHandle`): that the memory lives on that device. The size
     /// cannot be checked (the driver does not say): a size smaller than the memory makes
     /// [`Region::map`](crate::Region::map) fail with `CUDA_ERROR_NOT_SUPPORTED` (801), as any partial
-    /// mapping does; a size larger is refused by the driver's `cuMemMap` as well.
+    /// mapping does (measured on device memory); a larger size is expected to be refused by the
+    /// driver's `cuMemMap` too (`tests/ipc.rs` checks both on a GPU).
     ///
     /// The descriptor stays open: close it (drop `self`) whenever convenient; the imported allocation
     /// does not depend on it.
