@@ -303,6 +303,7 @@ fn run() -> BenchResult<()> {
     staged_rows(&contexts, bytes, &mut rows)?;
     let mut not_run = Vec::new();
     two_devices(&contexts, &mut rows, &mut not_run)?;
+    host_and_ipc(ctx, &mut rows, &mut not_run)?;
 
     report(&device.name()?, devices.len(), &rows, &not_run)
 }
@@ -1017,4 +1018,218 @@ fn ensure_access_off(from: &Context, to: &Context) -> BenchResult<()> {
         }
         Some(e) => Err(e.into()),
     }
+}
+
+// Host memory and memory shared between processes: each row needs its own device support, and says
+// why where it cannot run.
+
+/// Device reads of host-located VMM memory against pinned memory, and the latency of sharing an
+/// allocation (export, send, import, map) against the raw calls.
+fn host_and_ipc(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
+    host_reads(ctx, rows, not_run)?;
+    #[cfg(unix)]
+    ipc_latency(ctx, rows, not_run)?;
+    Ok(())
+}
+
+/// 256 MiB read by the device from host memory: a host-located VMM mapping granted to the device,
+/// copied into device memory with `copy_from_device` (a `cuMemcpyDtoD` whose source is host memory),
+/// against `cuMemcpyHtoD` from pinned `cuMemHostAlloc` memory into the same buffer.
+fn host_reads(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
+    use cuda_vmm::{AllocationOptions, HostAllocation};
+    let device = ctx.device();
+    let bytes = 256usize << 20;
+    let (options, label) = if device.supports_host_numa_memory()? {
+        let node = device.host_numa_node()?.unwrap_or(0);
+        (AllocationOptions::host_numa(node), "host NUMA")
+    } else if device.supports_host_memory()? {
+        (AllocationOptions::host(), "host")
+    } else {
+        not_run.push("device reads of host VMM memory: the device supports none".to_owned());
+        return Ok(());
+    };
+    let size = cuda_vmm::align_size(bytes, options.granularity(Granularity::Minimum)?)?;
+    let mut memory = match options.location {
+        cuda_vmm::Location::HostNuma(node) => HostAllocation::on_numa_node(device, node, size)?,
+        _ => HostAllocation::new(device, size)?,
+    };
+    let mut reservation = VirtualReservation::new(size, 0)?;
+    let mut region = reservation.region();
+    let mut mapping = region.map_host(&mut memory)?;
+    mapping
+        .grant_host(ReadWrite)?
+        .as_mut_slice::<u8>()?
+        .fill(0x5a);
+    let access = mapping.grant(ctx, ReadWrite)?;
+    let src = access.slice::<u8>()?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(ctx, size)?;
+    let dst_ptr = dst.as_slice().as_raw_ptr();
+    let pinned = Pinned::new(ctx, size)?;
+    let host_ptr = pinned.ptr;
+    let raw_copy = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        // SAFETY: `size` bytes of pinned host memory into a device buffer of `size` bytes, both alive
+        // for the call; the stream synchronisation makes the copy finished before either is touched.
+        unsafe {
+            ok(raw::cuMemcpyHtoD_v2(dst_ptr, host_ptr, size))?;
+            ok(raw::cuStreamSynchronize(core::ptr::null_mut()))?;
+        }
+        Ok(())
+    };
+    let (safe, raw_t) = race(
+        20,
+        || Ok(dst.as_mut_slice().copy_from_device(&src)?),
+        raw_copy,
+    )?;
+    rows.push(Row::gbs(
+        format!(
+            "device reads {} MiB of {label} memory: VMM mapping (copy_from_device) against pinned cuMemHostAlloc (cuMemcpyHtoD), GB/s",
+            size >> 20
+        ),
+        size,
+        safe,
+        raw_t,
+        "report",
+    ));
+    Ok(())
+}
+
+/// The driver calls of sharing an allocation, with integer results.
+#[cfg(unix)]
+mod raw_ipc {
+    use core::ffi::c_void;
+    unsafe extern "C" {
+        pub(crate) fn cuMemExportToShareableHandle(
+            shareable: *mut c_void,
+            handle: u64,
+            handle_type: u32,
+            flags: u64,
+        ) -> u32;
+        pub(crate) fn cuMemImportFromShareableHandle(
+            handle: *mut u64,
+            os_handle: *mut c_void,
+            handle_type: u32,
+        ) -> u32;
+    }
+}
+
+/// Export, send over a socket pair, receive, import, map (then unmap and release the import) of one
+/// 2 MiB allocation in one process: the safe API (which also checks the message, the device and the
+/// driver's location of the memory) against the same driver calls and a bare `sendmsg` / `recvmsg`.
+#[cfg(unix)]
+fn ipc_latency(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
+    use cuda_vmm::{ExportInfo, ExportedAllocation, PosixFd, ShareableAllocation};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+
+    let device = ctx.device();
+    if !device.supports_posix_fd_handles()? {
+        not_run.push("export + send + import + map: no POSIX-fd shareable memory".to_owned());
+        return Ok(());
+    }
+    let g = allocation_granularity(device, Granularity::Minimum)?;
+    let memory = ShareableAllocation::<PosixFd>::new(device, g)?;
+    let (near_end, far_end) = UnixStream::pair()?;
+    let mut reservation = VirtualReservation::new(g, 0)?;
+    let va = reservation.base();
+    let mut safe = || -> BenchResult<()> {
+        let exported = memory.export()?;
+        exported.send(&near_end)?;
+        drop(exported);
+        let received = ExportedAllocation::receive(&far_end)?;
+        let imported = received.import()?;
+        drop(received);
+        let mut region = reservation.region();
+        region.map(&imported)?.unmap()?;
+        imported.release()?;
+        Ok(())
+    };
+    if let Err(e) = safe() {
+        not_run.push(format!("export + send + import + map in one process: {e}"));
+        return Ok(());
+    }
+    let info = ExportInfo::new(g, device.ordinal(), g)?.to_bytes();
+    let raw_share = || -> BenchResult<()> {
+        let mut fd: i32 = -1;
+        // SAFETY: the driver writes one `int` through the pointer; the handle is `memory`'s, alive.
+        ok(unsafe {
+            raw_ipc::cuMemExportToShareableHandle((&raw mut fd).cast(), memory.as_raw(), 1, 0)
+        })?;
+        // SAFETY: the driver has just opened `fd` for the caller.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        raw_send(&near_end, &info, &fd)?;
+        drop(fd);
+        let received = raw_receive(&far_end)?;
+        let fd_value = usize::try_from(received.as_raw_fd())?;
+        let mut handle = 0u64;
+        // SAFETY: the descriptor's value in the pointer argument, as the driver takes a POSIX fd;
+        // `handle` is writable. Then the calls the safe API makes, on the range reserved above.
+        unsafe {
+            ok(raw_ipc::cuMemImportFromShareableHandle(
+                &raw mut handle,
+                core::ptr::without_provenance_mut(fd_value),
+                1,
+            ))?;
+            drop(received);
+            ok(raw::cuMemMap(va, g, 0, handle, 0))?;
+            ok(raw::cuMemUnmap(va, g))?;
+            ok(raw::cuMemRelease(handle))?;
+        }
+        Ok(())
+    };
+    let (safe_t, raw_t, paired) = race_paired(2000, safe, raw_share)?;
+    rows.push(Row {
+        name: "export + send + import + map (+ unmap, release), 2 MiB, one process (us)".to_owned(),
+        unit: "us",
+        safe: safe_t * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.01",
+    });
+    Ok(())
+}
+
+/// A bare `sendmsg` of `bytes` with `fd` as `SCM_RIGHTS`.
+#[cfg(unix)]
+fn raw_send(
+    socket: &std::os::unix::net::UnixStream,
+    bytes: &[u8],
+    fd: &std::os::fd::OwnedFd,
+) -> BenchResult<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::os::fd::AsFd;
+    let fds = [fd.as_fd()];
+    let mut space = [core::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    rustix::net::sendmsg(
+        socket,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// A bare `recvmsg` of one message, keeping its first descriptor, without checks.
+#[cfg(unix)]
+fn raw_receive(socket: &std::os::unix::net::UnixStream) -> BenchResult<std::os::fd::OwnedFd> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut bytes = [0u8; 40];
+    let mut space = [core::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(
+        socket,
+        &mut [std::io::IoSliceMut::new(&mut bytes)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message
+            && let Some(fd) = fds.next()
+        {
+            return Ok(fd);
+        }
+    }
+    Err("no descriptor received".into())
 }

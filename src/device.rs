@@ -177,6 +177,67 @@ impl Device {
         ))
     }
 
+    /// Whether `attribute` is non-zero; `false` also where the driver does not know the attribute
+    /// (`CUDA_ERROR_INVALID_VALUE` from a driver older than the attribute).
+    fn has(self, attribute: i32) -> Result<bool> {
+        match self.attribute(attribute) {
+            Ok(value) => Ok(value != 0),
+            Err(e) if e == DriverError::INVALID_VALUE => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the device can map and access VMM memory located on the host with no particular NUMA
+    /// node (`CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`, CUDA 13.0 and later;
+    /// `false` where the driver is older).
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn supports_host_memory(self) -> Result<bool> {
+        self.has(sys::CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+    }
+
+    /// Whether the device can map and access VMM memory located on a host NUMA node
+    /// (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`, CUDA 12.2 and later).
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn supports_host_numa_memory(self) -> Result<bool> {
+        self.has(sys::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+    }
+
+    /// The host NUMA node closest to the device (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`); `None` where the
+    /// system has no NUMA (the driver answers -1) or the driver does not know the attribute.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn host_numa_node(self) -> Result<Option<u16>> {
+        match self.attribute(sys::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) {
+            Ok(node) => Ok(u16::try_from(node).ok()),
+            Err(e) if e == DriverError::INVALID_VALUE => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the device's memory can be exported as a POSIX file descriptor
+    /// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`).
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn supports_posix_fd_handles(self) -> Result<bool> {
+        self.has(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+    }
+
+    /// Whether the device supports fabric handles (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`).
+    /// A device may say yes and the driver still refuse fabric-shareable memory to a process without
+    /// an IMEX channel.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn supports_fabric_handles(self) -> Result<bool> {
+        self.has(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)
+    }
+
     /// `cuDeviceTotalMem` — the device's memory in bytes.
     ///
     /// # Errors

@@ -490,6 +490,12 @@ pub enum Error {
         /// The ordinal of the device whose memory would be accessed.
         to: i32,
     },
+    /// An ordinal, count or descriptor that the driver or the kernel cannot represent (for example a
+    /// device ordinal above `i32::MAX`, or a negative file descriptor number).
+    InvalidArgument {
+        /// What the argument is, such as `"device ordinal"`.
+        what: &'static str,
+    },
     /// Text given as PTX holds a byte that PTX text never has: the safe loader
     /// ([`Module::load_ptx`](crate::Module::load_ptx)) accepts only tab, LF, CR and printable ASCII
     /// (`0x20..=0x7E`), so that no binary image reaches the driver, which would read it as far as
@@ -525,6 +531,40 @@ pub enum Error {
         /// What is wrong with those bytes, such as `"are mapped already"`.
         problem: &'static str,
     },
+    /// The device does not support what was asked, as its attribute says (checked before the call
+    /// that needs it): host or host-NUMA memory, or a kind of shareable handle.
+    Unsupported {
+        /// What is not supported, such as `"host NUMA memory"`.
+        what: &'static str,
+        /// The device's ordinal.
+        device: i32,
+        /// The `CUdevice_attribute` that answered 0 (or that the driver does not know).
+        attribute: i32,
+    },
+    /// The driver refused an operation for a reason this crate can name: for fabric-shareable memory,
+    /// `CUDA_ERROR_NOT_PERMITTED` means that the process has no IMEX channel.
+    Refused {
+        /// What was refused, such as `"fabric-shareable memory"`.
+        what: &'static str,
+        /// Why, in words.
+        why: &'static str,
+        /// The driver's error.
+        error: DriverError,
+    },
+    /// The operating system refused a call that passes a handle between processes (`sendmsg`,
+    /// `recvmsg`, `pidfd_open`, `pidfd_getfd`).
+    Os {
+        /// The call, and where it helps, when the kernel refuses it.
+        what: &'static str,
+        /// The `errno` value.
+        errno: i32,
+    },
+    /// A handle received from another process, or its description, is malformed: checked before any
+    /// driver call sees it.
+    InvalidMessage {
+        /// What is wrong, such as `"expected exactly one file descriptor"`.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -532,7 +572,9 @@ impl Error {
     #[must_use]
     pub fn driver(&self) -> Option<DriverError> {
         match *self {
-            Error::Driver(error) | Error::CleanupFailed { error, .. } => Some(error),
+            Error::Driver(error)
+            | Error::CleanupFailed { error, .. }
+            | Error::Refused { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -593,6 +635,9 @@ impl fmt::Display for Error {
                 f,
                 "the driver reports no peer link from device {from} to device {to}"
             ),
+            Error::InvalidArgument { what } => {
+                write!(f, "{what} cannot be represented by the driver")
+            }
             Error::NotPtxText { offset, byte } => write!(
                 f,
                 "byte {byte:#04x} at offset {offset} is not PTX text \
@@ -611,6 +656,26 @@ impl fmt::Display for Error {
                 end,
                 problem,
             } => write!(f, "bytes {start}..{end} of the reserved range {problem}"),
+            Error::Unsupported {
+                what,
+                device,
+                attribute,
+            } => write!(
+                f,
+                "device {device} does not support {what} (device attribute {attribute} is 0 or unknown \
+                 to this driver)"
+            ),
+            Error::Refused { what, why, error } => {
+                write!(f, "the driver refused {what}: {why} ({error})")
+            }
+            Error::Os { what, errno } => write!(
+                f,
+                "{what} failed: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ),
+            Error::InvalidMessage { what } => {
+                write!(f, "invalid shared-allocation message: {what}")
+            }
         }
     }
 }
@@ -723,6 +788,47 @@ mod tests {
     }
 
     #[test]
+    fn errors_of_host_memory_and_ipc() {
+        let refused = Error::Refused {
+            what: "fabric-shareable memory",
+            why: "no IMEX channel is accessible to this process",
+            error: DriverError::NOT_PERMITTED,
+        };
+        assert_eq!(refused.driver(), Some(DriverError::NOT_PERMITTED));
+        assert_eq!(
+            refused.to_string(),
+            "the driver refused fabric-shareable memory: no IMEX channel is accessible to this \
+             process (CUDA_ERROR_NOT_PERMITTED (800): operation not permitted)"
+        );
+        let unsupported = Error::Unsupported {
+            what: "host NUMA memory",
+            device: 0,
+            attribute: 141,
+        };
+        assert_eq!(
+            unsupported.to_string(),
+            "device 0 does not support host NUMA memory (device attribute 141 is 0 or unknown to \
+             this driver)"
+        );
+        let os = Error::Os {
+            what: "pidfd_getfd",
+            errno: 1,
+        };
+        assert!(os.to_string().starts_with("pidfd_getfd failed: "), "{os}");
+        let message = Error::InvalidMessage {
+            what: "expected exactly one file descriptor",
+        };
+        assert_eq!(
+            message.to_string(),
+            "invalid shared-allocation message: expected exactly one file descriptor"
+        );
+        for error in [&unsupported, &os, &message] {
+            assert_eq!(error.driver(), None);
+            assert!(error.source().is_none());
+        }
+    }
+
+    #[test]
     fn error_display_source_and_conversion() {
         let driver = Error::from(DriverError::OUT_OF_MEMORY);
         let cleanup = Error::CleanupFailed {
@@ -780,6 +886,12 @@ mod tests {
                     found: 1,
                 },
                 "",
+            ),
+            (
+                Error::InvalidArgument {
+                    what: "device ordinal",
+                },
+                "device ordinal cannot be represented by the driver",
             ),
             (
                 Error::NotPtxText {

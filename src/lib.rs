@@ -71,6 +71,10 @@
 //! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
 //! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
 //! over bytes not mapped are refused at run time, before any driver call ([`Error::PageRange`]).
+//! | only memory created shareable ([`ShareableAllocation<PosixFd>`]) can be exported | `cuMemExportToShareableHandle` of memory created without `requestedHandleTypes` | `ipc/physical_exported` |
+//! | an imported allocation is not used after its release | `cuMemMap` of a released handle | `ipc/imported_used_after_release` |
+//! | a CPU slice of host memory does not outlive its CPU grant | CPU access after the grant ended | `host/slice_outlives_host_grant` |
+//! | the CPU borrows host memory only while no device view of the mapping, and no alias mapping, exists | a device write racing a Rust `&mut [T]` | `host/slice_mut_while_device_view_writable`, `host/aliased_while_host_mapped` |
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
@@ -126,6 +130,9 @@ mod access;
 mod buffer;
 mod device;
 mod error;
+mod host;
+#[cfg(unix)]
+mod ipc;
 mod mapping;
 mod module;
 mod owned;
@@ -140,6 +147,9 @@ pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
 pub use buffer::DeviceBuffer;
 pub use device::{Context, Device, driver_version, init};
 pub use error::{DriverError, Error, Result};
+pub use host::{HostAccess, HostAllocation, HostMapping};
+#[cfg(unix)]
+pub use ipc::{ExportInfo, ExportedAllocation, Fabric, HandleKind, PosixFd, ShareableAllocation};
 pub use mapping::Mapping;
 pub use module::{Function, Module};
 pub use owned::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};

@@ -19,13 +19,24 @@ pub enum Granularity {
     Recommended,
 }
 
-/// Where a physical allocation lives. Only device memory exists today; host and host-NUMA locations
-/// (CUDA 12.2 and later) can be added without breaking callers, hence `#[non_exhaustive]`.
+/// Where a physical allocation lives: device memory, or host memory (CUDA 12.2 and later; see
+/// [`HostAllocation`](crate::HostAllocation) for memory the CPU reads and writes as Rust slices).
+/// `#[non_exhaustive]`: the driver has more kinds of location than this crate offers.
+///
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT` has no variant: `cuMemCreate` refuses it
+/// (`CUDA_ERROR_INVALID_VALUE`, measured), so there is nothing to allocate there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Location {
     /// Memory of this device (`CU_MEM_LOCATION_TYPE_DEVICE`).
     Device(Device),
+    /// Host memory on no particular NUMA node (`CU_MEM_LOCATION_TYPE_HOST`; `cuMemCreate` accepts it
+    /// from CUDA 13.0 on). The driver never makes it shareable with another process.
+    Host,
+    /// Host memory on this NUMA node (`CU_MEM_LOCATION_TYPE_HOST_NUMA`); node 0 where the system has
+    /// no NUMA. Linux numbers nodes below 1024, so a `u16` holds every node and always fits the
+    /// driver's `int`.
+    HostNuma(u16),
 }
 
 impl Location {
@@ -35,25 +46,63 @@ impl Location {
                 type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
                 id: d.as_raw(),
             },
+            // The driver ignores the id of a host location.
+            Location::Host => sys::CUmemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+            Location::HostNuma(node) => sys::CUmemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+                id: i32::from(node),
+            },
         }
     }
 }
 
-/// How to allocate physical memory: the location today; exportable handle types and allocation flags
-/// are the planned additions, which `#[non_exhaustive]` leaves room for.
+/// How to allocate physical memory: the location, and (set by
+/// [`ShareableAllocation`](crate::ShareableAllocation) only) the handle types it can be exported as.
+/// `#[non_exhaustive]` leaves room for allocation flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct AllocationOptions {
     /// Where the memory lives.
     pub location: Location,
+    /// The `CUmemAllocationHandleType` bits for `requestedHandleTypes`: none, unless a shareable
+    /// allocation asks for its kind.
+    pub(crate) handle_types: u32,
 }
 
 impl AllocationOptions {
     /// Pinned memory of `device`, not exportable.
     #[must_use]
     pub fn device(device: Device) -> AllocationOptions {
+        AllocationOptions::at(Location::Device(device))
+    }
+
+    /// Host memory on no particular NUMA node ([`Location::Host`]), not exportable.
+    #[must_use]
+    pub fn host() -> AllocationOptions {
+        AllocationOptions::at(Location::Host)
+    }
+
+    /// Host memory on NUMA node `node` ([`Location::HostNuma`]), not exportable.
+    #[must_use]
+    pub fn host_numa(node: u16) -> AllocationOptions {
+        AllocationOptions::at(Location::HostNuma(node))
+    }
+
+    fn at(location: Location) -> AllocationOptions {
         AllocationOptions {
-            location: Location::Device(device),
+            location,
+            handle_types: sys::CU_MEM_HANDLE_TYPE_NONE,
+        }
+    }
+
+    /// The same options, exportable as the handle types of `raw` (`CUmemAllocationHandleType` bits).
+    pub(crate) fn with_handle_types(self, raw: u32) -> AllocationOptions {
+        AllocationOptions {
+            handle_types: raw,
+            ..self
         }
     }
 
@@ -62,7 +111,7 @@ impl AllocationOptions {
     fn raw(&self) -> sys::CUmemAllocationProp {
         sys::CUmemAllocationProp {
             type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: sys::CU_MEM_HANDLE_TYPE_NONE,
+            requestedHandleTypes: self.handle_types,
             location: self.location.raw(),
             win32HandleMetaData: ptr::null_mut(),
             allocFlags: 0,
@@ -157,7 +206,8 @@ pub(crate) fn check_multiple(
     Ok(())
 }
 
-/// Physical device memory: a `CUmemGenericAllocationHandle` from `cuMemCreate`, released on drop.
+/// Physical memory: a `CUmemGenericAllocationHandle` from `cuMemCreate` (or imported from another
+/// process: [`ExportedAllocation::import`](crate::ExportedAllocation::import)), released on drop.
 ///
 /// Physical memory has no address. To use it, map it into a [`VirtualReservation`](crate::VirtualReservation)
 /// with [`Region::map`](crate::Region::map) and grant access with [`Mapping::grant`](crate::Mapping::grant).
@@ -225,6 +275,23 @@ impl PhysicalAllocation {
         })
     }
 
+    /// Takes ownership of `handle`, an allocation handle of `size` bytes that `cuMemImportFromShareableHandle`
+    /// has just returned (the caller has checked `size` against `granularity`): released on drop, as
+    /// one from `cuMemCreate` is.
+    pub(crate) fn from_imported(
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+        granularity: usize,
+        options: AllocationOptions,
+    ) -> PhysicalAllocation {
+        PhysicalAllocation {
+            handle,
+            size,
+            granularity,
+            options,
+        }
+    }
+
     /// The allocation's size in bytes.
     #[must_use]
     pub fn size(&self) -> usize {
@@ -257,15 +324,16 @@ impl PhysicalAllocation {
     #[doc(alias = "cuMemRelease")]
     pub fn release(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
-        // SAFETY: the handle came from `cuMemCreate` and is released once: `drop` will not run.
+        // SAFETY: the handle came from `cuMemCreate` (or `cuMemImportFromShareableHandle`) and is
+        // released once: `drop` will not run.
         check(unsafe { sys::cuMemRelease(this.handle) })
     }
 }
 
 impl Drop for PhysicalAllocation {
     fn drop(&mut self) {
-        // SAFETY: the handle came from `cuMemCreate` and is released only here (or in `release`, which
-        // skips this).
+        // SAFETY: the handle came from `cuMemCreate` (or `cuMemImportFromShareableHandle`) and is
+        // released only here (or in `release`, which skips this).
         let code = unsafe { sys::cuMemRelease(self.handle) };
         // The error is ignored: `drop` cannot return it, and a handle the driver refuses to release
         // cannot be released later either. Call `release` to see it.

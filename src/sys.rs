@@ -24,12 +24,17 @@ pub(crate) use cuda_driver_sys::{
 /// A raw `CUresult`: an integer, so that codes no header knew about are representable.
 pub(crate) type CUresult = u32;
 
-// `CUmemLocationType`
+// `CUmemLocationType` (`HOST` and `HOST_NUMA`: CUDA 12.2 and later; `cuMemCreate` accepts `HOST` from
+// CUDA 13.0 on). `HOST_NUMA_CURRENT` (4) is not declared: `cuMemCreate` refuses it.
 pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST: u32 = 2;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST_NUMA: u32 = 3;
 // `CUmemAllocationType`
 pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
 // `CUmemAllocationHandleType`: `CU_MEM_HANDLE_TYPE_NONE` (CUDA 11.2 and later).
 pub(crate) const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
+pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
 // `CUmemAccess_flags`
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READ: u32 = 1;
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: u32 = 3;
@@ -41,6 +46,12 @@ pub(crate) const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int 
 pub(crate) const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: c_int = 103;
+pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
+pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: c_int = 134;
+pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 141;
+// CUDA 13.0 and later; older drivers answer `CUDA_ERROR_INVALID_VALUE` for it.
+pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 145;
 
 // `CUdevice_P2PAttribute`
 pub(crate) const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: c_int = 1;
@@ -166,6 +177,24 @@ unsafe extern "C" {
         flags: u64,
     ) -> CUresult;
     pub(crate) fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    /// `shareable` points to storage for the handle: an `int` for a POSIX file descriptor.
+    pub(crate) fn cuMemExportToShareableHandle(
+        shareable: *mut c_void,
+        handle: CUmemGenericAllocationHandle,
+        handle_type: u32,
+        flags: u64,
+    ) -> CUresult;
+    /// `os_handle` is the handle itself for a POSIX file descriptor (the `int` cast to a pointer), not a
+    /// pointer to it.
+    pub(crate) fn cuMemImportFromShareableHandle(
+        handle: *mut CUmemGenericAllocationHandle,
+        os_handle: *mut c_void,
+        handle_type: u32,
+    ) -> CUresult;
+    pub(crate) fn cuMemGetAllocationPropertiesFromHandle(
+        prop: *mut CUmemAllocationProp,
+        handle: CUmemGenericAllocationHandle,
+    ) -> CUresult;
     pub(crate) fn cuMemAddressReserve(
         ptr: *mut CUdeviceptr,
         size: usize,

@@ -125,3 +125,27 @@ assert_not_impl_any!(OwnedMapping: Clone, Copy);
 assert_not_impl_any!(SharedReservation: Copy);
 const _: () = owned_outright::<OwnedMapping>();
 const _: () = owned_outright::<SharedReservation>();
+// Host memory and memory shared between processes: owned allocations move between threads like any
+// other; the CPU grant is an exclusive borrow of the mapped bytes (`&mut [u8]`), so Send and Sync.
+assert_impl_all!(cuda_vmm::HostAllocation: Send, Sync);
+assert_impl_all!(cuda_vmm::HostMapping<'static, 'static>: Send, Sync);
+assert_impl_all!(cuda_vmm::HostAccess<'static, ReadWrite>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::HostAllocation: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::HostMapping<'static, 'static>: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::HostAccess<'static, ReadWrite>: Clone, Copy);
+// A host mapping is the mapping plus its address, size and location; the CPU grant is the address
+// and size only.
+assert_eq_size!(cuda_vmm::HostAccess<'static, ReadWrite>, RawRange);
+#[cfg(unix)]
+mod shared {
+    use super::*;
+    use cuda_vmm::{ExportInfo, ExportedAllocation, Fabric, PosixFd, ShareableAllocation};
+    assert_impl_all!(ShareableAllocation<PosixFd>: Send, Sync);
+    assert_impl_all!(ShareableAllocation<Fabric>: Send, Sync);
+    assert_impl_all!(ExportedAllocation: Send, Sync);
+    assert_impl_all!(ExportInfo: Send, Sync, Copy);
+    // A copy of a shareable allocation or an exported descriptor would be a second owner: a double
+    // release or close.
+    assert_not_impl_any!(ShareableAllocation<PosixFd>: Clone, Copy);
+    assert_not_impl_any!(ExportedAllocation: Clone, Copy);
+}

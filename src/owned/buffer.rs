@@ -64,6 +64,8 @@ pub struct PageInfo {
 struct Page {
     offset: usize,
     memory: PhysicalAllocation,
+    /// The device the memory was created on (every page of a buffer is device memory).
+    device: Device,
     granted: bool,
 }
 
@@ -85,11 +87,10 @@ impl Span for Page {
 
 impl Page {
     fn info(&self) -> PageInfo {
-        let crate::Location::Device(device) = self.memory.location();
         PageInfo {
             offset: self.offset,
             size: self.memory.size(),
-            device,
+            device: self.device,
             granted: self.granted,
         }
     }
@@ -291,7 +292,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     pub fn map_page(&mut self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
         let index = self.check_new_page(offset, device, size)?;
         let memory = PhysicalAllocation::new(device, size)?;
-        self.map_at(index, offset, memory)
+        self.map_at(index, offset, memory, device)
     }
 
     /// Maps a page of `size` bytes of `device`'s memory right after the last page (at
@@ -424,6 +425,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         index: usize,
         offset: usize,
         memory: PhysicalAllocation,
+        device: Device,
     ) -> Result<(), Error> {
         let address = self.base.wrapping_add(offset as u64);
         let size = memory.size();
@@ -449,6 +451,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                     Page {
                         offset,
                         memory,
+                        device,
                         granted: false,
                     },
                 );
@@ -465,6 +468,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             Page {
                 offset,
                 memory,
+                device,
                 granted: true,
             },
         );

@@ -1,0 +1,769 @@
+//! Memory shared between processes: allocations created exportable (`requestedHandleTypes`),
+//! `cuMemExportToShareableHandle` to a POSIX file descriptor, the descriptor passed to another process
+//! (over a Unix socket with `SCM_RIGHTS`, or taken with `pidfd_getfd`), and
+//! `cuMemImportFromShareableHandle` there.
+//!
+//! Which handle types an allocation can be exported as is part of its type: only a
+//! [`ShareableAllocation<PosixFd>`] has [`export`](ShareableAllocation::export), so exporting a plain
+//! [`PhysicalAllocation`] (or a [`HostAllocation`](crate::HostAllocation)) does not compile.
+//!
+//! The importing process gets a [`PhysicalAllocation`] that maps like any other. An imported handle does
+//! not know its size (measured), so the size travels with the descriptor, in an [`ExportInfo`];
+//! everything received is checked before any driver call sees it.
+//!
+//! # Lifetimes across processes
+//! The exporter's allocation, the descriptor (in either process) and the importer's allocation are
+//! three references to one piece of physical memory: it is freed when the last of them, and the last
+//! mapping of it in any process, is gone. They may end in any order; a mapping never dangles, since
+//! each process's mappings borrow that process's own allocation.
+
+use core::ffi::{c_int, c_void};
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::MaybeUninit;
+use core::ops::Deref;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use rustix::io::Errno;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use crate::device::Device;
+use crate::error::{DriverError, Error, Result, check};
+use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
+use crate::sys;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A kind of shareable handle an allocation can be exported as: [`PosixFd`], or [`Fabric`]. Sealed:
+/// each kind needs its own export and import code.
+pub trait HandleKind: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static {
+    /// The `CUmemAllocationHandleType` bit.
+    #[doc(hidden)]
+    const RAW: u32;
+    /// The device attribute that says whether the device supports the kind.
+    #[doc(hidden)]
+    const ATTRIBUTE: i32;
+    /// The kind's name, for errors.
+    #[doc(hidden)]
+    const WHAT: &'static str;
+    /// Why the driver refused to create memory of this kind, for the refusals that have a known cause.
+    #[doc(hidden)]
+    fn refusal(error: DriverError) -> Option<&'static str>;
+    /// Whether `device` supports the kind (its attribute [`HandleKind::ATTRIBUTE`]).
+    #[doc(hidden)]
+    fn supported(device: Device) -> Result<bool>;
+}
+
+/// Shareable as a POSIX file descriptor (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`), between processes
+/// of one machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PosixFd;
+
+/// Shareable as a fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`), within an IMEX domain (processes on one
+/// or several machines linked by `NVLink`). The driver creates such memory only for a process with an
+/// IMEX channel; elsewhere [`ShareableAllocation::new`] returns [`Error::Refused`]. Exporting and
+/// importing fabric handles is not implemented yet: the kind exists so that the type, and the refusal,
+/// are in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Fabric;
+
+impl sealed::Sealed for PosixFd {}
+impl sealed::Sealed for Fabric {}
+
+impl HandleKind for PosixFd {
+    const RAW: u32 = sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const ATTRIBUTE: i32 = sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+    const WHAT: &'static str = "memory shareable as a POSIX file descriptor";
+    fn refusal(_: DriverError) -> Option<&'static str> {
+        None
+    }
+    fn supported(device: Device) -> Result<bool> {
+        device.supports_posix_fd_handles()
+    }
+}
+
+impl HandleKind for Fabric {
+    const RAW: u32 = sys::CU_MEM_HANDLE_TYPE_FABRIC;
+    const ATTRIBUTE: i32 = sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED;
+    const WHAT: &'static str = "fabric-shareable memory";
+    fn refusal(error: DriverError) -> Option<&'static str> {
+        (error == DriverError::NOT_PERMITTED).then_some(
+            "the process has no IMEX channel (the driver's nvidia-caps-imex-channels device and a \
+             channel file the user can open)",
+        )
+    }
+    fn supported(device: Device) -> Result<bool> {
+        device.supports_fabric_handles()
+    }
+}
+
+/// Device memory that can be exported to other processes as a handle of kind `K`: a
+/// [`PhysicalAllocation`] created with `requestedHandleTypes` set, released on drop.
+///
+/// It dereferences to the [`PhysicalAllocation`], so it maps like any other
+/// (`region.map(&shareable)`), and every mapping borrows it: it cannot be released while mapped. Only
+/// this type can be exported; a plain allocation has no `export`:
+///
+/// ```compile_fail,E0599
+/// # use cuda_vmm::{Device, PhysicalAllocation};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let device = Device::get(0)?;
+/// let memory = PhysicalAllocation::new(device, 2 << 20)?;
+/// let exported = memory.export()?; // no method `export`: the memory was not created shareable
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Host memory is never shareable here: the driver refuses a handle type for
+/// [`Location::Host`](crate::Location::Host), and a [`HostAllocation`](crate::HostAllocation), whose
+/// bytes the CPU borrows as Rust slices, must not be written by another process meanwhile.
+pub struct ShareableAllocation<K: HandleKind = PosixFd> {
+    memory: PhysicalAllocation,
+    device: Device,
+    /// The handle kind, at the type level only (`K` is `Send + Sync + Copy`, so this changes no auto
+    /// trait).
+    _kind: PhantomData<K>,
+}
+
+impl<K: HandleKind> fmt::Debug for ShareableAllocation<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShareableAllocation")
+            .field("kind", &K::WHAT)
+            .field("device", &self.device)
+            .field("memory", &self.memory)
+            .finish()
+    }
+}
+
+impl<K: HandleKind> ShareableAllocation<K> {
+    /// `cuMemCreate` — allocate `size` bytes of pinned memory on `device`, exportable as `K`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the device attribute of the kind
+    /// ([`Device::supports_posix_fd_handles`], [`Device::supports_fabric_handles`]) is 0, checked first;
+    /// [`Error::Refused`] for fabric memory where the process has no IMEX channel (the driver's
+    /// `CUDA_ERROR_NOT_PERMITTED`); otherwise as [`PhysicalAllocation::new`].
+    #[doc(alias = "cuMemCreate")]
+    pub fn new(device: Device, size: usize) -> Result<ShareableAllocation<K>, Error> {
+        if !K::supported(device)? {
+            return Err(Error::Unsupported {
+                what: K::WHAT,
+                device: device.as_raw(),
+                attribute: K::ATTRIBUTE,
+            });
+        }
+        let options = AllocationOptions::device(device).with_handle_types(K::RAW);
+        match PhysicalAllocation::with_options(size, options) {
+            Ok(memory) => Ok(ShareableAllocation {
+                memory,
+                device,
+                _kind: PhantomData,
+            }),
+            Err(Error::Driver(error)) => Err(match K::refusal(error) {
+                Some(why) => Error::Refused {
+                    what: K::WHAT,
+                    why,
+                    error,
+                },
+                None => Error::Driver(error),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The device whose memory this is.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// `cuMemRelease` — release this process's handle and report the driver's answer, which `drop`
+    /// ignores. Memory another process imported stays allocated until that process releases it too.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    #[doc(alias = "cuMemRelease")]
+    pub fn release(self) -> Result<()> {
+        self.memory.release()
+    }
+}
+
+impl<K: HandleKind> Deref for ShareableAllocation<K> {
+    type Target = PhysicalAllocation;
+    fn deref(&self) -> &PhysicalAllocation {
+        &self.memory
+    }
+}
+
+impl ShareableAllocation<PosixFd> {
+    /// `cuMemExportToShareableHandle` — export the memory as a new POSIX file descriptor, with what an
+    /// importer needs to know ([`ExportInfo`]: size, device, granularity).
+    ///
+    /// The descriptor is a reference to the memory of its own: the memory stays allocated while it is
+    /// open, in this process or any other that received it, even after this allocation is released.
+    /// Close it (drop the [`ExportedAllocation`]) once it has been sent or imported.
+    ///
+    /// # Errors
+    /// The driver's error, if any (for example `CUDA_ERROR_INVALID_VALUE` where the process cannot open
+    /// another file descriptor).
+    #[doc(alias = "cuMemExportToShareableHandle")]
+    pub fn export(&self) -> Result<ExportedAllocation, Error> {
+        let mut fd: c_int = -1;
+        // SAFETY: for a POSIX file descriptor, the driver writes one `int` through `shareable`: `fd` is
+        // a live, writable `c_int`. The handle is this allocation's, alive for the call; flags must be 0.
+        check(unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&raw mut fd).cast::<c_void>(),
+                self.memory.as_raw(),
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::InvalidMessage {
+                what: "the driver exported no file descriptor",
+            });
+        }
+        // SAFETY: the driver has just opened `fd` for this export and handed it to the caller: it is
+        // open, and nothing else in this process owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let info = ExportInfo::new(
+            self.memory.size(),
+            self.device.ordinal(),
+            self.memory.granularity(),
+        )?;
+        Ok(ExportedAllocation { fd, info })
+    }
+}
+
+/// What an importer needs besides the file descriptor: the allocation's size (which an imported handle
+/// does not know), the exporter's device ordinal and the allocation granularity.
+///
+/// Made only by [`ExportInfo::new`] and [`ExportInfo::from_bytes`], which check it: a non-zero size
+/// that is a multiple of a non-zero granularity, and a device ordinal the driver can represent.
+/// [`to_bytes`](ExportInfo::to_bytes) and `from_bytes` are the wire format of
+/// [`ExportedAllocation::send`], for handles passed some other way (such as `pidfd_getfd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExportInfo {
+    size: usize,
+    granularity: usize,
+    device: u32,
+}
+
+/// The first bytes of an encoded [`ExportInfo`].
+const MAGIC: [u8; 8] = *b"CUVMMIPC";
+/// The version of the encoding.
+const VERSION: u32 = 1;
+
+impl ExportInfo {
+    /// The length of [`to_bytes`](ExportInfo::to_bytes): magic (8 bytes), version, handle type (4
+    /// each), size, granularity (8 each), device ordinal, reserved (4 each), little-endian.
+    pub const ENCODED_LEN: usize = 40;
+
+    /// A checked description of a shared allocation.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero size or granularity; [`Error::NotAligned`] where the size is not
+    /// a multiple of the granularity; [`Error::InvalidArgument`] for a device ordinal above
+    /// `i32::MAX`.
+    pub fn new(
+        size: usize,
+        device_ordinal: usize,
+        granularity: usize,
+    ) -> Result<ExportInfo, Error> {
+        if size == 0 {
+            return Err(Error::ZeroSize {
+                what: "shared allocation size",
+            });
+        }
+        if granularity == 0 {
+            return Err(Error::ZeroSize {
+                what: "granularity",
+            });
+        }
+        check_multiple("shared allocation size", size, granularity)?;
+        let device = u32::try_from(device_ordinal)
+            .ok()
+            .filter(|&d| i32::try_from(d).is_ok())
+            .ok_or(Error::InvalidArgument {
+                what: "device ordinal",
+            })?;
+        Ok(ExportInfo {
+            size,
+            granularity,
+            device,
+        })
+    }
+
+    /// The allocation's size in bytes.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The exporter's device ordinal. The importer's driver must number the devices the same way
+    /// (the same `CUDA_VISIBLE_DEVICES`); [`ExportedAllocation::import`] checks it.
+    #[must_use]
+    pub fn device_ordinal(&self) -> usize {
+        self.device as usize
+    }
+
+    /// The minimum allocation granularity the exporter used.
+    #[must_use]
+    pub fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    /// The encoding that [`from_bytes`](ExportInfo::from_bytes) reads.
+    #[must_use]
+    pub fn to_bytes(&self) -> [u8; ExportInfo::ENCODED_LEN] {
+        let mut out = [0u8; ExportInfo::ENCODED_LEN];
+        let fields: [&[u8]; 7] = [
+            &MAGIC,
+            &VERSION.to_le_bytes(),
+            &sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.to_le_bytes(),
+            &(self.size as u64).to_le_bytes(),
+            &(self.granularity as u64).to_le_bytes(),
+            &self.device.to_le_bytes(),
+            &0u32.to_le_bytes(),
+        ];
+        let mut rest: &mut [u8] = &mut out;
+        for field in fields {
+            let (head, tail) = rest.split_at_mut(field.len());
+            head.copy_from_slice(field);
+            rest = tail;
+        }
+        out
+    }
+
+    /// Reads and checks an encoding made by [`to_bytes`](ExportInfo::to_bytes): nothing of it reaches
+    /// the driver unchecked.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] for a wrong length, magic, version, handle type or reserved field;
+    /// otherwise as [`ExportInfo::new`] (also for a size or granularity beyond `usize`).
+    pub fn from_bytes(bytes: &[u8]) -> Result<ExportInfo, Error> {
+        let bad = |what| Error::InvalidMessage { what };
+        if bytes.len() != ExportInfo::ENCODED_LEN {
+            return Err(bad("not the length of a shared-allocation description"));
+        }
+        let mut reader = Reader(bytes);
+        if reader.take::<8>() != Some(MAGIC) {
+            return Err(bad("not a shared-allocation description (wrong magic)"));
+        }
+        if reader.u32() != Some(VERSION) {
+            return Err(bad("unknown version of the shared-allocation description"));
+        }
+        if reader.u32() != Some(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+            return Err(bad("handle type is not a POSIX file descriptor"));
+        }
+        let too_large = Error::Overflow {
+            what: "shared allocation size",
+        };
+        let size = reader
+            .u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or(too_large.clone())?;
+        let granularity = reader
+            .u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or(too_large)?;
+        let device = reader.u32().ok_or(bad("truncated device ordinal"))?;
+        if reader.u32() != Some(0) {
+            return Err(bad("reserved field is not zero"));
+        }
+        ExportInfo::new(size, device as usize, granularity)
+    }
+}
+
+/// Little-endian fields read from the front of a byte slice, without indexing.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+}
+
+/// An exported allocation: a POSIX file descriptor (a std [`OwnedFd`], closed on drop) and the
+/// [`ExportInfo`] an importer needs. Made by [`ShareableAllocation::export`], received by
+/// [`ExportedAllocation::receive`] (or taken with [`ExportedAllocation::take_from_process`]),
+/// imported with [`ExportedAllocation::import`].
+///
+/// Closing the descriptor does not release anything that was imported from it: an imported
+/// allocation is a reference to the memory of its own.
+pub struct ExportedAllocation {
+    fd: OwnedFd,
+    info: ExportInfo,
+}
+
+impl fmt::Debug for ExportedAllocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExportedAllocation")
+            .field("fd", &self.fd.as_raw_fd())
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl AsFd for ExportedAllocation {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// How many file descriptors one received message may carry before the kernel truncates it: room for
+/// more than the one expected, so that extra ones arrive (and are closed) rather than vanish.
+const MAX_RECEIVED_FDS: usize = 8;
+
+impl ExportedAllocation {
+    /// An exported allocation from a descriptor and its description, received some other way.
+    ///
+    /// Nothing is checked against the driver here; [`import`](ExportedAllocation::import) does that,
+    /// and a descriptor that is not an exported CUDA allocation is refused by the driver there.
+    #[must_use]
+    pub fn from_parts(fd: OwnedFd, info: ExportInfo) -> ExportedAllocation {
+        ExportedAllocation { fd, info }
+    }
+
+    /// The descriptor and the description.
+    #[must_use]
+    pub fn into_parts(self) -> (OwnedFd, ExportInfo) {
+        (self.fd, self.info)
+    }
+
+    /// What an importer needs besides the descriptor.
+    #[must_use]
+    pub fn info(&self) -> ExportInfo {
+        self.info
+    }
+
+    /// `cuMemImportFromShareableHandle` — import the memory into this process, as a
+    /// [`PhysicalAllocation`] of the exporter's size that maps like any other and is released on drop.
+    ///
+    /// Checked first: that the device ordinal names a device here and that its minimum granularity is
+    /// the exporter's. Checked after the import, against the driver's own answer
+    /// (`cuMemGetAllocationPropertiesFromHandle`): that the memory lives on that device. The size
+    /// cannot be checked (the driver does not say): a size smaller than the memory makes
+    /// [`Region::map`](crate::Region::map) fail with `CUDA_ERROR_NOT_SUPPORTED` (801), as any partial
+    /// mapping does (measured on device memory); a larger size is expected to be refused by the
+    /// driver's `cuMemMap` too (`tests/ipc.rs` checks both on a GPU).
+    ///
+    /// The descriptor stays open: close it (drop `self`) whenever convenient; the imported allocation
+    /// does not depend on it.
+    ///
+    /// # Errors
+    /// [`DriverError::INVALID_DEVICE`] where the ordinal names no device here;
+    /// [`Error::InvalidMessage`] where the granularity differs or the memory is not device memory;
+    /// [`Error::DeviceMismatch`] where the driver places the memory on another device than the
+    /// description (devices numbered differently in the two processes); the driver's error otherwise,
+    /// such as `CUDA_ERROR_INVALID_VALUE` for a descriptor that is not an exported allocation.
+    #[doc(alias = "cuMemImportFromShareableHandle")]
+    pub fn import(&self) -> Result<PhysicalAllocation, Error> {
+        let info = self.info;
+        let device = Device::get(info.device_ordinal())?;
+        let options = AllocationOptions::device(device)
+            .with_handle_types(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        let granularity = options.minimum_granularity_cached()?;
+        if granularity != info.granularity {
+            return Err(Error::InvalidMessage {
+                what: "the exporter's granularity differs from the device's here",
+            });
+        }
+        check_multiple("shared allocation size", info.size, granularity)?;
+        // An open descriptor is never negative.
+        let fd = usize::try_from(self.fd.as_raw_fd()).map_err(|_| Error::InvalidArgument {
+            what: "file descriptor",
+        })?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is writable for the call. For a POSIX file descriptor the driver takes the
+        // descriptor's value itself in the pointer argument (it dereferences nothing); the descriptor
+        // is open, owned by `self`, for the whole call.
+        check(unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &raw mut handle,
+                core::ptr::without_provenance_mut::<c_void>(fd),
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        // Owned from here on: every error below releases it.
+        let memory = PhysicalAllocation::from_imported(handle, info.size, granularity, options);
+        let location = properties(&memory)?.location;
+        if location.type_ != sys::CU_MEM_LOCATION_TYPE_DEVICE {
+            return Err(Error::InvalidMessage {
+                what: "the shared memory is not device memory",
+            });
+        }
+        if location.id != device.as_raw() {
+            return Err(Error::DeviceMismatch {
+                expected: device.as_raw(),
+                found: location.id,
+            });
+        }
+        Ok(memory)
+    }
+
+    /// `sendmsg` — send the description and, as `SCM_RIGHTS` ancillary data, a duplicate of the
+    /// descriptor, in one message over a connected Unix socket (stream or sequenced-packet). The
+    /// receiver gets its own descriptor: `self` may be dropped right after.
+    ///
+    /// `MSG_NOSIGNAL` is set: a peer that has gone away is an error, not a `SIGPIPE`.
+    ///
+    /// # Errors
+    /// [`Error::Os`] where the kernel refuses (`EPIPE` where the peer has closed its end,
+    /// `ENOTSOCK`, `EOPNOTSUPP` for a socket that cannot carry descriptors); [`Error::InvalidMessage`]
+    /// where the socket took only part of the message.
+    #[doc(alias = "sendmsg")]
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn send(&self, socket: impl AsFd) -> Result<(), Error> {
+        let bytes = self.info.to_bytes();
+        let fds = [self.fd.as_fd()];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(Error::Overflow {
+                what: "ancillary data of one file descriptor",
+            });
+        }
+        let sent = rustix::io::retry_on_intr(|| {
+            rustix::net::sendmsg(
+                &socket,
+                &[IoSlice::new(&bytes)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )
+        })
+        .map_err(|e| os("sendmsg", e))?;
+        if sent != bytes.len() {
+            return Err(Error::InvalidMessage {
+                what: "the socket took only part of the message",
+            });
+        }
+        Ok(())
+    }
+
+    /// `recvmsg` — receive what [`send`](ExportedAllocation::send) sent: one message holding a
+    /// description and exactly one descriptor (received close-on-exec).
+    ///
+    /// Everything is checked before it is returned, and so before any driver call: the message's
+    /// length and fields ([`ExportInfo::from_bytes`]), that no data or ancillary data was truncated,
+    /// and that exactly one descriptor came. Descriptors of a refused message are closed. Blocks until
+    /// a message or the end of the connection arrives.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] for the end of the connection, a short, long or malformed message, no
+    /// descriptor or more than one; as [`ExportInfo::from_bytes`] for the fields;
+    /// [`Error::Os`] where the kernel refuses.
+    #[doc(alias = "recvmsg")]
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn receive(socket: impl AsFd) -> Result<ExportedAllocation, Error> {
+        let mut bytes = [0u8; ExportInfo::ENCODED_LEN];
+        let mut space =
+            [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_RECEIVED_FDS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let message = rustix::io::retry_on_intr(|| {
+            rustix::net::recvmsg(
+                &socket,
+                &mut [IoSliceMut::new(&mut bytes)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )
+        })
+        .map_err(|e| os("recvmsg", e))?;
+        // Own every descriptor that came, so that each is closed on any error below.
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for ancillary in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = ancillary {
+                fds.extend(received);
+            }
+        }
+        let bad = |what| Err(Error::InvalidMessage { what });
+        if message.bytes == 0 && fds.is_empty() {
+            return bad("the connection ended before a message came");
+        }
+        if message.flags.contains(ReturnFlags::CTRUNC) {
+            return bad("ancillary data was truncated: more than one file descriptor was sent");
+        }
+        if message.flags.contains(ReturnFlags::TRUNC) {
+            return bad("the message is longer than a shared-allocation description");
+        }
+        if message.bytes != ExportInfo::ENCODED_LEN {
+            return bad("the message is shorter than a shared-allocation description");
+        }
+        let info = ExportInfo::from_bytes(&bytes)?;
+        let mut fds = fds.into_iter();
+        match (fds.next(), fds.next()) {
+            (Some(fd), None) => Ok(ExportedAllocation { fd, info }),
+            (None, _) => bad("expected exactly one file descriptor, none came"),
+            (Some(_), Some(_)) => bad("expected exactly one file descriptor, several came"),
+        }
+    }
+
+    /// `pidfd_open` and `pidfd_getfd` — take a duplicate of descriptor `fd` of process `pid`, an
+    /// exported allocation described by `info` (passed some other way, for example as
+    /// [`ExportInfo::to_bytes`] through a pipe). The alternative to [`receive`](ExportedAllocation::receive)
+    /// where there is no socket between the processes.
+    ///
+    /// The exporting process must keep its [`ExportedAllocation`] (the descriptor) open until this has
+    /// returned. The kernel allows this only to a process that may `ptrace` the exporter
+    /// (`PTRACE_MODE_ATTACH_REALCREDS`): where the Yama `ptrace_scope` setting or a container's
+    /// seccomp profile restricts that, it answers `EPERM`, and [`receive`](ExportedAllocation::receive)
+    /// is the way. Linux 5.6 and later.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `pid` or `fd` no process could have (checked before any
+    /// system call); [`Error::Os`]: `ESRCH` for no such process, `EBADF` where the process has no
+    /// such descriptor, `EPERM` where the kernel does not allow it, `ENOSYS` on an older kernel.
+    #[cfg(target_os = "linux")]
+    #[doc(alias = "pidfd_getfd")]
+    #[doc(alias = "pidfd_open")]
+    pub fn take_from_process(
+        pid: u32,
+        fd: i32,
+        info: ExportInfo,
+    ) -> Result<ExportedAllocation, Error> {
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or(Error::InvalidArgument { what: "process id" })?;
+        if fd < 0 {
+            return Err(Error::InvalidArgument {
+                what: "file descriptor",
+            });
+        }
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .map_err(|e| os("pidfd_open", e))?;
+        let fd = rustix::process::pidfd_getfd(
+            &pidfd,
+            fd,
+            rustix::process::PidfdGetfdFlags::empty(),
+        )
+        .map_err(|e| {
+            os(
+                "pidfd_getfd (refused with EPERM where ptrace of the exporter is not allowed)",
+                e,
+            )
+        })?;
+        Ok(ExportedAllocation { fd, info })
+    }
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle` — the driver's description of `memory`.
+fn properties(memory: &PhysicalAllocation) -> Result<sys::CUmemAllocationProp> {
+    let mut prop = sys::CUmemAllocationProp {
+        type_: 0,
+        requestedHandleTypes: 0,
+        location: sys::CUmemLocation { type_: 0, id: 0 },
+        win32HandleMetaData: core::ptr::null_mut(),
+        allocFlags: 0,
+    };
+    // SAFETY: `prop` is a live, writable mirror of `CUmemAllocationProp` (layout asserted in `sys`, every
+    // field an integer or pointer, so any value the driver writes is valid); the handle is alive.
+    check(unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&raw mut prop, memory.as_raw()) })?;
+    Ok(prop)
+}
+
+fn os(what: &'static str, errno: Errno) -> Error {
+    Error::Os {
+        what,
+        errno: errno.raw_os_error(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExportInfo, MAGIC};
+    use crate::Error;
+    use proptest::prelude::*;
+
+    #[test]
+    fn encoding_round_trips() {
+        let info = ExportInfo::new(6 << 20, 1, 2 << 20).unwrap();
+        let bytes = info.to_bytes();
+        assert_eq!(bytes[..8], MAGIC);
+        assert_eq!(ExportInfo::from_bytes(&bytes), Ok(info));
+        assert_eq!(info.size(), 6 << 20);
+        assert_eq!(info.device_ordinal(), 1);
+        assert_eq!(info.granularity(), 2 << 20);
+    }
+
+    #[test]
+    fn descriptions_are_checked() {
+        assert!(matches!(
+            ExportInfo::new(0, 0, 2 << 20),
+            Err(Error::ZeroSize { .. })
+        ));
+        assert!(matches!(
+            ExportInfo::new(2 << 20, 0, 0),
+            Err(Error::ZeroSize { .. })
+        ));
+        assert!(matches!(
+            ExportInfo::new(3 << 20, 0, 2 << 20),
+            Err(Error::NotAligned { .. })
+        ));
+        assert!(matches!(
+            ExportInfo::new(2 << 20, 1 << 31, 2 << 20),
+            Err(Error::InvalidArgument { .. })
+        ));
+        let good = ExportInfo::new(2 << 20, 0, 2 << 20).unwrap().to_bytes();
+        // Each field spoiled in turn.
+        for (at, what) in [
+            (0, "magic"),
+            (8, "version"),
+            (12, "handle type"),
+            (36, "reserved"),
+        ] {
+            let mut bytes = good;
+            bytes[at] ^= 0x40;
+            assert!(
+                matches!(
+                    ExportInfo::from_bytes(&bytes),
+                    Err(Error::InvalidMessage { .. })
+                ),
+                "{what}"
+            );
+        }
+        assert!(matches!(
+            ExportInfo::from_bytes(&good[..39]),
+            Err(Error::InvalidMessage { .. })
+        ));
+        let mut unaligned = good;
+        unaligned[16] = 1;
+        assert!(matches!(
+            ExportInfo::from_bytes(&unaligned),
+            Err(Error::NotAligned { .. })
+        ));
+    }
+
+    proptest! {
+        /// Any bytes at all: a checked description or an error, never a panic; and whatever is
+        /// accepted encodes back to the same bytes.
+        #[test]
+        fn any_bytes_are_parsed_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..48), keep_header in any::<bool>()) {
+            let mut bytes = bytes;
+            if keep_header && bytes.len() >= 16 {
+                bytes[..8].copy_from_slice(&MAGIC);
+                bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+                bytes[12..16].copy_from_slice(&1u32.to_le_bytes());
+            }
+            if let Ok(info) = ExportInfo::from_bytes(&bytes) {
+                prop_assert!(info.size() > 0 && info.size() % info.granularity() == 0);
+                prop_assert_eq!(&info.to_bytes()[..], &bytes[..]);
+            }
+        }
+    }
+}
