@@ -18,8 +18,9 @@
 //! `cuMemSetAccess`, then `cuMemUnmap`, `cuMemRelease`); the same growth at 1 GiB and at 64 GiB against
 //! a buffer with 2 MiB mapped (goal ~1: growth does not depend on the size); that growth against a
 //! reallocation by copy at each size (`cuMemAlloc` of the size plus a page, `cuMemcpyDtoD` of the
-//! size, `cuMemFree` of the old buffer; goal "report"). A size the device has too little free memory
-//! for is not run, and a "not run" line says so.
+//! size, `cuMemFree` of the old buffer; goal "report"); and churn of pages through `map_page` and
+//! `unmap` against the raw calls, as the map/grant churn above does for the borrowed layer. A size
+//! the device has too little free memory for is not run, and a "not run" line says so.
 //!
 //! With two or more devices, between GPU 0 and GPU 1, in both directions, each where
 //! `cuDeviceCanAccessPeer(dst, src)` says yes (else a "not run" line says why):
@@ -1030,12 +1031,12 @@ fn ensure_access_off(from: &Context, to: &Context) -> BenchResult<()> {
 }
 
 // The owned layer: a `VirtualBuffer` grown by one page with more and more already mapped, against the
-// raw calls and against a reallocation by copy.
+// raw calls and against a reallocation by copy; and pages mapped and unmapped through it.
 
 /// The owned layer's rows: growth of a `VirtualBuffer` by one page at each of [`GROWTH_SIZES`] already
-/// mapped (against the raw calls, and against itself at the smallest size), and the same growth against
-/// a reallocation by copy. A size the device has too little free memory for is not run, with a line in
-/// `not_run`.
+/// mapped (against the raw calls, and against itself at the smallest size), the same growth against a
+/// reallocation by copy, and churn of pages through `map_page` / `unmap`. A size the device has too
+/// little free memory for is not run, with a line in `not_run`.
 fn owned_rows(
     ctx: &Context,
     g: usize,
@@ -1043,7 +1044,8 @@ fn owned_rows(
     not_run: &mut Vec<String>,
 ) -> BenchResult<()> {
     let grown = growth_rows(ctx, g, rows, not_run)?;
-    realloc_rows(ctx, g, &grown, rows, not_run)
+    realloc_rows(ctx, g, &grown, rows, not_run)?;
+    owned_churn(ctx, g, rows)
 }
 
 /// The sizes already mapped when one page is added: label, bytes (rounded up to the granularity),
@@ -1383,5 +1385,66 @@ fn realloc_rows(
             goal: "report",
         });
     }
+    Ok(())
+}
+
+/// The owned layer's churn, as [`churn`] for the borrowed layer: pages of `g` bytes mapped one by one
+/// into an empty `VirtualBuffer` with `map_page` (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) and
+/// unmapped one by one with `unmap` (`cuMemUnmap`, `cuMemRelease`), against the same raw calls at the
+/// same addresses of the same reservation, in ops/s (one op: one page mapped, granted and unmapped).
+fn owned_churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let chunks = 64;
+    let device = ctx.device();
+    let mut buffer = cuda_vmm::VirtualBuffer::new(chunks * g, &[device], ReadWrite)?;
+    let base = buffer.base();
+    let (prop, desc) = page_props(device);
+    let mut handles = vec![0u64; chunks];
+    let mut safe = || -> BenchResult<()> {
+        for i in 0..chunks {
+            buffer.map_page(i * g, device, g)?;
+        }
+        for i in 0..chunks {
+            buffer.unmap(i * g..(i + 1) * g)?;
+        }
+        Ok(())
+    };
+    let mut raw = || -> BenchResult<()> {
+        for (i, handle) in handles.iter_mut().enumerate() {
+            let at = base + (i * g) as u64;
+            // SAFETY: `handle` is writable and `prop` a live property struct; then `[at, at + g)` is a
+            // free granule of the buffer's reservation, aligned to the granularity `g` (every safe run
+            // unmapped all its pages, and no safe run overlaps a raw one), mapped to the allocation
+            // just made and granted whole.
+            unsafe {
+                ok(raw::cuMemCreate(handle, g, &raw const prop, 0))?;
+                ok(raw::cuMemMap(at, g, 0, *handle, 0))?;
+                ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?;
+            }
+        }
+        for (i, &handle) in handles.iter().enumerate() {
+            // SAFETY: unmaps what the loop above mapped, once, then releases its allocation, once.
+            unsafe {
+                ok(raw::cuMemUnmap(base + (i * g) as u64, g))?;
+                ok(raw::cuMemRelease(handle))?;
+            }
+        }
+        Ok(())
+    };
+    warm_up(0.2, &mut safe, &mut raw)?;
+    let (safe_t, raw_t, paired) = race_paired(100, &mut safe, &mut raw)?;
+    let per_s = |t: f64| float(chunks) / t;
+    rows.push(Row {
+        name: format!(
+            "owned churn map_page+unmap {} MiB (create, map, grant, unmap, release) (ops/s)",
+            g >> 20
+        ),
+        unit: "ops/s",
+        safe: per_s(safe_t),
+        raw: per_s(raw_t),
+        // A rate: the reciprocal of the median time ratio.
+        paired: Some(1.0 / paired),
+        goal: "safe/raw >= 0.99",
+    });
+    buffer.free()?;
     Ok(())
 }
