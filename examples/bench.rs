@@ -12,6 +12,16 @@
 //! `cuMemcpyDtoD`, and the staged path (a new against a reused `Staging`, and against its slower host
 //! leg), from GPU 0 to GPU 1 where there are two, else on GPU 0.
 //!
+//! The owned layer, on GPU 0: a `VirtualBuffer` (128 GiB of address space) grown by one page (2 MiB on
+//! an H200) and shrunk back, with 2 MiB, 1 GiB and 64 GiB already mapped page by page, against the
+//! same raw calls at the same address of the same reservation (`cuMemCreate`, `cuMemMap`,
+//! `cuMemSetAccess`, then `cuMemUnmap`, `cuMemRelease`); the same growth at 1 GiB and at 64 GiB against
+//! a buffer with 2 MiB mapped (goal ~1: growth does not depend on the size); that growth against a
+//! reallocation by copy at each size (`cuMemAlloc` of the size plus a page, `cuMemcpyDtoD` of the
+//! size, `cuMemFree` of the old buffer; goal "report"); and churn of pages through `map_page` and
+//! `unmap` against the raw calls, as the map/grant churn above does for the borrowed layer. A size
+//! the device has too little free memory for is not run, and a "not run" line says so.
+//!
 //! With two or more devices, between GPU 0 and GPU 1, in both directions, each where
 //! `cuDeviceCanAccessPeer(dst, src)` says yes (else a "not run" line says why):
 //! - direct copies of `cuMemAlloc` memory at 64 MiB, 256 MiB and 1 GiB: `copy_between` with
@@ -302,6 +312,7 @@ fn run() -> BenchResult<()> {
     one_device_direct(ctx, bytes, &mut rows)?;
     staged_rows(&contexts, bytes, &mut rows)?;
     let mut not_run = Vec::new();
+    owned_rows(ctx, g, &mut rows, &mut not_run)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
     host_and_ipc(ctx, &mut rows, &mut not_run)?;
 
@@ -1232,4 +1243,423 @@ fn raw_receive(socket: &std::os::unix::net::UnixStream) -> BenchResult<std::os::
         }
     }
     Err("no descriptor received".into())
+}
+
+// The owned layer: a `VirtualBuffer` grown by one page with more and more already mapped, against the
+// raw calls and against a reallocation by copy; and pages mapped and unmapped through it.
+
+/// The owned layer's rows: growth of a `VirtualBuffer` by one page at each of [`GROWTH_SIZES`] already
+/// mapped (against the raw calls, and against itself at the smallest size), the same growth against a
+/// reallocation by copy, and churn of pages through `map_page` / `unmap`. A size the device has too
+/// little free memory for is not run, with a line in `not_run`.
+fn owned_rows(
+    ctx: &Context,
+    g: usize,
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    let grown = growth_rows(ctx, g, rows, not_run)?;
+    realloc_rows(ctx, g, &grown, rows, not_run)?;
+    owned_churn(ctx, g, rows)
+}
+
+/// The sizes already mapped when one page is added: label, bytes (rounded up to the granularity),
+/// repetitions of the growth rows, repetitions of the reallocation row.
+const GROWTH_SIZES: [(&str, usize, usize, usize); 3] = [
+    ("2 MiB", 2 << 20, 5000, 2000),
+    ("1 GiB", GIB, 5000, 200),
+    ("64 GiB", 64 * GIB, 5000, 10),
+];
+/// The address budget of the growth rows' buffers: address space only, costing no memory, and larger
+/// than the largest size plus a page.
+const GROWTH_BUDGET: usize = 128 * GIB;
+/// Free device memory left aside beyond what a row maps or allocates, for the driver's own needs.
+const HEADROOM: usize = 512 << 20;
+/// The longest that mapping a buffer page by page up to one of [`GROWTH_SIZES`] may take; past it, that
+/// size and the larger ones are not run, so that the owned rows stay within about a minute.
+const FILL_LIMIT_S: f64 = 20.0;
+
+/// A size whose growth row ran, with the median seconds of the safe growth (grow and shrink back).
+struct Grown {
+    label: &'static str,
+    size: usize,
+    safe: f64,
+}
+
+/// Growth by one page of `g` bytes (and the shrink back, so each repetition leaves the buffer as it
+/// was) of a `VirtualBuffer` with each of [`GROWTH_SIZES`] mapped page by page, against the raw calls
+/// of the same work at the same address of the same reservation; from the second size on, also the
+/// same growth against a buffer with the smallest size mapped (goal ~1: growth does not depend on the
+/// size). Returns the sizes that ran, for [`realloc_rows`]; both buffers are freed before it returns.
+fn growth_rows(
+    ctx: &Context,
+    g: usize,
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<Vec<Grown>> {
+    let device = ctx.device();
+    let page = format!("{} MiB", g >> 20);
+    let budget = cuda_vmm::align_size(GROWTH_BUDGET, g)?;
+    // `big` goes through every size; `small` stays at the smallest, for the rows against it.
+    let mut big = cuda_vmm::VirtualBuffer::new(budget, &[device], ReadWrite)?;
+    let mut small = cuda_vmm::VirtualBuffer::new(budget, &[device], ReadWrite)?;
+    let (smallest_label, smallest, ..) = GROWTH_SIZES[0];
+    let smallest = cuda_vmm::align_size(smallest, g)?;
+    if let Err(why) = fill_to(ctx, &mut small, g, smallest)? {
+        not_run.push(format!(
+            "VirtualBuffer growth rows and the reallocation rows: {why}"
+        ));
+        return Ok(Vec::new());
+    }
+    let mut grown = Vec::new();
+    for (label, size, reps, _) in GROWTH_SIZES {
+        let size = cuda_vmm::align_size(size, g)?;
+        let started = Instant::now();
+        if let Err(why) = fill_to(ctx, &mut big, g, size)? {
+            not_run.push(format!(
+                "grow+shrink one {page} page at {label} mapped, and every larger size: {why}"
+            ));
+            break;
+        }
+        println!(
+            "owned rows: {label} mapped as {} pages of {page} in {:.2} s",
+            big.pages().len(),
+            started.elapsed().as_secs_f64()
+        );
+        // The raw side maps the next page where `grow` maps it: inside the budget, past the last page.
+        let at = big.base() + size as u64;
+        if big.end() != size || size + g > big.budget() {
+            return Err(format!(
+                "growth row at {label}: the buffer ends at {} of a {} budget, not at {size}",
+                big.end(),
+                big.budget()
+            )
+            .into());
+        }
+        let mut safe = || grow_shrink(&mut big, device, g);
+        // SAFETY: `[at, at + g)` lies inside `big`'s reservation (checked just above), right after its
+        // last page, and is aligned to `g`, the device's granularity. `big` maps nothing there between
+        // safe runs (each shrinks back) and no safe run overlaps a raw one; each raw run unmaps what it
+        // mapped before it returns, so `big`'s next `grow` finds the range free.
+        let mut raw = || unsafe { raw_grow_shrink(device, at, g) };
+        warm_up(0.2, &mut safe, &mut raw)?;
+        let (safe_t, raw_t, paired) = race_paired(reps, &mut safe, &mut raw)?;
+        rows.push(Row {
+            name: format!("grow+shrink one {page} page at {label} mapped, VirtualBuffer (us)"),
+            unit: "us",
+            safe: safe_t * 1e6,
+            raw: raw_t * 1e6,
+            paired: Some(paired),
+            goal: "safe/raw <= 1.01",
+        });
+        grown.push(Grown {
+            label,
+            size,
+            safe: safe_t,
+        });
+        if size > smallest {
+            let mut at_size = || grow_shrink(&mut big, device, g);
+            let mut at_smallest = || grow_shrink(&mut small, device, g);
+            warm_up(0.2, &mut at_size, &mut at_smallest)?;
+            let (big_t, small_t, paired) = race_paired(reps, &mut at_size, &mut at_smallest)?;
+            rows.push(Row {
+                name: format!(
+                    "grow+shrink one {page} page, VirtualBuffer at {label} vs at {smallest_label} mapped (us)"
+                ),
+                unit: "us",
+                safe: big_t * 1e6,
+                raw: small_t * 1e6,
+                paired: Some(paired),
+                goal: "~1: growth does not depend on size",
+            });
+        }
+    }
+    // Freed here, with the driver's answer: the reallocation rows need the memory.
+    let started = Instant::now();
+    big.free()?;
+    small.free()?;
+    println!(
+        "owned rows: growth buffers freed in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(grown)
+}
+
+/// Grows `buffer` by pages of `g` bytes, as a cache grows, until `size` bytes are mapped; or says why
+/// it cannot: too little free device memory for the rest and a page more (checked before any page),
+/// `cuMemCreate` out of memory, or more than [`FILL_LIMIT_S`] seconds spent. Where it cannot, the
+/// pages it mapped stay.
+fn fill_to(
+    ctx: &Context,
+    buffer: &mut cuda_vmm::VirtualBuffer,
+    g: usize,
+    size: usize,
+) -> BenchResult<Result<(), String>> {
+    let missing = size.saturating_sub(buffer.end());
+    let need = missing.saturating_add(g).saturating_add(HEADROOM);
+    let (free, _) = ctx.memory_info()?;
+    if free < need {
+        return Ok(Err(format!(
+            "{} MiB of device memory free, {} MiB needed",
+            free >> 20,
+            need >> 20
+        )));
+    }
+    let started = Instant::now();
+    while buffer.end() < size {
+        match buffer.grow(ctx.device(), g) {
+            Ok(_) => {}
+            Err(cuda_vmm::Error::Driver(e)) if e == DriverError::OUT_OF_MEMORY => {
+                return Ok(Err(format!(
+                    "cuMemCreate out of memory at {} MiB mapped",
+                    buffer.end() >> 20
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if started.elapsed().as_secs_f64() > FILL_LIMIT_S {
+            return Ok(Err(format!(
+                "mapping page by page reached only {} MiB in {FILL_LIMIT_S} s",
+                buffer.end() >> 20
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// One growth of `buffer` by a page of `g` bytes of `device`'s memory, and the shrink back: the buffer
+/// is as it was.
+fn grow_shrink(buffer: &mut cuda_vmm::VirtualBuffer, device: Device, g: usize) -> BenchResult<()> {
+    buffer.grow(device, g)?;
+    buffer.shrink()?;
+    Ok(())
+}
+
+/// The allocation properties and the read-write access descriptor of pinned memory on `device`, as
+/// the crate passes them.
+fn page_props(device: Device) -> (raw::Prop, raw::AccessDesc) {
+    let location = || raw::Location {
+        type_: 1,
+        id: device.as_raw(),
+    };
+    let prop = raw::Prop {
+        type_: 1,
+        handle_types: 0,
+        location: location(),
+        win32: core::ptr::null_mut(),
+        flags: 0,
+    };
+    let desc = raw::AccessDesc {
+        location: location(),
+        flags: 3,
+    };
+    (prop, desc)
+}
+
+/// The raw calls of [`grow_shrink`]: `cuMemCreate` of `size` bytes on `device`, `cuMemMap` at `at`,
+/// `cuMemSetAccess` read-write for `device`, then `cuMemUnmap` and `cuMemRelease`.
+///
+/// # Safety
+/// `[at, at + size)` must lie inside a live reservation, be unmapped and aligned to `device`'s
+/// granularity (as `size` must be), and be mapped by nothing else until this returns.
+unsafe fn raw_grow_shrink(device: Device, at: u64, size: usize) -> BenchResult<()> {
+    let (prop, desc) = page_props(device);
+    let mut handle = 0u64;
+    // SAFETY: `handle` is writable and `prop` a live, initialised property struct; flags must be 0.
+    ok(unsafe { raw::cuMemCreate(&raw mut handle, size, &raw const prop, 0) })?;
+    // SAFETY: the caller's guarantee for `[at, at + size)`; `handle` is the allocation of `size` bytes
+    // made just above; offset 0 and flags 0 as the driver requires.
+    ok(unsafe { raw::cuMemMap(at, size, 0, handle, 0) })?;
+    // SAFETY: `[at, at + size)` is the whole mapping made just above; `desc` is one live descriptor.
+    ok(unsafe { raw::cuMemSetAccess(at, size, &raw const desc, 1) })?;
+    // SAFETY: unmaps exactly the mapping made above, once; nothing has used its address.
+    ok(unsafe { raw::cuMemUnmap(at, size) })?;
+    // SAFETY: `handle` came from `cuMemCreate` above, is no longer mapped, and is released once.
+    ok(unsafe { raw::cuMemRelease(handle) })
+}
+
+/// The driver calls of a reallocation by copy, with integer results.
+mod raw_alloc {
+    unsafe extern "C" {
+        pub(crate) fn cuMemAlloc_v2(ptr: *mut u64, bytes: usize) -> u32;
+        pub(crate) fn cuMemFree_v2(ptr: u64) -> u32;
+    }
+}
+
+/// Device memory from raw `cuMemAlloc` in `ctx`, freed on drop: the buffer a reallocation by copy
+/// moves.
+struct RawAlloc<'ctx> {
+    ctx: &'ctx Context,
+    ptr: u64,
+}
+
+impl<'ctx> RawAlloc<'ctx> {
+    /// `cuMemAlloc` of `bytes` in `ctx`.
+    fn new(ctx: &'ctx Context, bytes: usize) -> Result<RawAlloc<'ctx>, DriverError> {
+        ctx.bind_to_thread()?;
+        let mut ptr = 0u64;
+        // SAFETY: `ptr` is writable; `ctx` is current (bound just above).
+        let code = unsafe { raw_alloc::cuMemAlloc_v2(&raw mut ptr, bytes) };
+        match DriverError::from_raw(code) {
+            None => Ok(RawAlloc { ctx, ptr }),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Moves to a new allocation of `bytes`, carrying the first `keep` bytes over: `cuMemAlloc`,
+    /// `cuMemcpyDtoD`, a wait on the legacy stream, `cuMemFree` of the old allocation.
+    fn realloc(&mut self, bytes: usize, keep: usize) -> BenchResult<()> {
+        let moved = RawAlloc::new(self.ctx, bytes)?;
+        // SAFETY: `keep` bytes of the old allocation (the caller keeps `keep` within both sizes) into
+        // the new one, both `cuMemAlloc` memory of the current context (bound by `new`), alive until
+        // after the wait just below.
+        ok(unsafe { raw::cuMemcpyDtoD_v2(moved.ptr, self.ptr, keep) })?;
+        // SAFETY: no arguments but the legacy stream of the current context.
+        ok(unsafe { raw::cuStreamSynchronize(core::ptr::null_mut()) })?;
+        core::mem::replace(self, moved).free()
+    }
+
+    /// `cuMemFree`, with the driver's answer.
+    fn free(self) -> BenchResult<()> {
+        let this = core::mem::ManuallyDrop::new(self);
+        this.ctx.bind_to_thread()?;
+        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once (`drop` will not run);
+        // every copy that used it was waited for.
+        ok(unsafe { raw_alloc::cuMemFree_v2(this.ptr) })
+    }
+}
+
+impl Drop for RawAlloc<'_> {
+    fn drop(&mut self) {
+        // Errors are ignored: `drop` cannot return them, and memory the driver refuses to free cannot be
+        // freed later either; `free` reports them.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed only here (`free` skips
+        // this); every copy that used it was waited for.
+        let _ = unsafe { raw_alloc::cuMemFree_v2(self.ptr) };
+    }
+}
+
+/// Growth by one page where the address may move: at each size the growth rows ran at, a
+/// reallocation by copy of a buffer of the size plus a page (`cuMemAlloc` of that, `cuMemcpyDtoD` of
+/// the size, `cuMemFree` of the old buffer, so each repetition leaves a buffer of the same size),
+/// against the `VirtualBuffer` growth (and shrink back) of the same run at the same size. Goal
+/// "report": what address-stable growth saves.
+fn realloc_rows(
+    ctx: &Context,
+    g: usize,
+    grown: &[Grown],
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    let page = format!("{} MiB", g >> 20);
+    for (label, size, _, reps) in GROWTH_SIZES {
+        let size = cuda_vmm::align_size(size, g)?;
+        let what = format!("grow by {page} at {label}, realloc by copy");
+        let Some(vmm) = grown.iter().find(|r| r.size == size) else {
+            not_run.push(format!(
+                "{what}: no VirtualBuffer growth figure at this size"
+            ));
+            continue;
+        };
+        // The old buffer and the new one, both of the size plus a page.
+        let need = size
+            .saturating_add(g)
+            .saturating_mul(2)
+            .saturating_add(HEADROOM);
+        let (free, _) = ctx.memory_info()?;
+        if free < need {
+            not_run.push(format!(
+                "{what}: {} MiB of device memory free, {} MiB needed",
+                free >> 20,
+                need >> 20
+            ));
+            continue;
+        }
+        let mut buffer = match RawAlloc::new(ctx, size + g) {
+            Ok(buffer) => buffer,
+            Err(e) if e == DriverError::OUT_OF_MEMORY => {
+                not_run.push(format!("{what}: cuMemAlloc out of memory"));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut realloc = || buffer.realloc(size + g, size);
+        warm_up(0.2, &mut realloc, &mut || Ok(()))?;
+        let (realloc_t, _) = race(reps, &mut realloc, || Ok(()))?;
+        buffer.free()?;
+        rows.push(Row {
+            name: format!(
+                "grow by {page} at {}: VirtualBuffer grow+shrink vs realloc (cuMemAlloc+DtoD+cuMemFree) (us)",
+                vmm.label
+            ),
+            unit: "us",
+            safe: vmm.safe * 1e6,
+            raw: realloc_t * 1e6,
+            paired: None,
+            goal: "report",
+        });
+    }
+    Ok(())
+}
+
+/// The owned layer's churn, as [`churn`] for the borrowed layer: pages of `g` bytes mapped one by one
+/// into an empty `VirtualBuffer` with `map_page` (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) and
+/// unmapped one by one with `unmap` (`cuMemUnmap`, `cuMemRelease`), against the same raw calls at the
+/// same addresses of the same reservation, in ops/s (one op: one page mapped, granted and unmapped).
+fn owned_churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let chunks = 64;
+    let device = ctx.device();
+    let mut buffer = cuda_vmm::VirtualBuffer::new(chunks * g, &[device], ReadWrite)?;
+    let base = buffer.base();
+    let (prop, desc) = page_props(device);
+    let mut handles = vec![0u64; chunks];
+    let mut safe = || -> BenchResult<()> {
+        for i in 0..chunks {
+            buffer.map_page(i * g, device, g)?;
+        }
+        for i in 0..chunks {
+            buffer.unmap(i * g..(i + 1) * g)?;
+        }
+        Ok(())
+    };
+    let mut raw = || -> BenchResult<()> {
+        for (i, handle) in handles.iter_mut().enumerate() {
+            let at = base + (i * g) as u64;
+            // SAFETY: `handle` is writable and `prop` a live property struct; then `[at, at + g)` is a
+            // free granule of the buffer's reservation, aligned to the granularity `g` (every safe run
+            // unmapped all its pages, and no safe run overlaps a raw one), mapped to the allocation
+            // just made and granted whole.
+            unsafe {
+                ok(raw::cuMemCreate(handle, g, &raw const prop, 0))?;
+                ok(raw::cuMemMap(at, g, 0, *handle, 0))?;
+                ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?;
+            }
+        }
+        for (i, &handle) in handles.iter().enumerate() {
+            // SAFETY: unmaps what the loop above mapped, once, then releases its allocation, once.
+            unsafe {
+                ok(raw::cuMemUnmap(base + (i * g) as u64, g))?;
+                ok(raw::cuMemRelease(handle))?;
+            }
+        }
+        Ok(())
+    };
+    warm_up(0.2, &mut safe, &mut raw)?;
+    let (safe_t, raw_t, paired) = race_paired(100, &mut safe, &mut raw)?;
+    let per_s = |t: f64| float(chunks) / t;
+    rows.push(Row {
+        name: format!(
+            "owned churn map_page+unmap {} MiB (create, map, grant, unmap, release) (ops/s)",
+            g >> 20
+        ),
+        unit: "ops/s",
+        safe: per_s(safe_t),
+        raw: per_s(raw_t),
+        // A rate: the reciprocal of the median time ratio.
+        paired: Some(1.0 / paired),
+        goal: "safe/raw >= 0.99",
+    });
+    buffer.free()?;
+    Ok(())
 }
