@@ -216,6 +216,33 @@ impl<'va> Region<'va> {
         Ok(tail)
     }
 
+    /// Joins `other` to this region where the two are adjacent (`other` starts where this one ends, or
+    /// ends where this one starts): the free space left by unmapped neighbours becomes one region again,
+    /// large enough for a larger mapping. Gives `other` back, and changes nothing, where they are not.
+    ///
+    /// Both carry the borrow `'va`, so both are free parts of reservations that outlive the result.
+    /// Two regions of two reservations that happen to be adjacent join too; the driver decides whether
+    /// a mapping may then cross from one reservation into the other.
+    ///
+    /// # Errors
+    /// `other`, unchanged, where the regions are not adjacent.
+    pub fn merge(&mut self, other: Region<'va>) -> core::result::Result<(), Region<'va>> {
+        let end = |r: &Region<'va>| r.start.checked_add(r.len as u64);
+        let joined = self.len.checked_add(other.len);
+        match joined {
+            Some(len) if end(self) == Some(other.start) => {
+                self.len = len;
+                Ok(())
+            }
+            Some(len) if end(&other) == Some(self.start) => {
+                self.start = other.start;
+                self.len = len;
+                Ok(())
+            }
+            _ => Err(other),
+        }
+    }
+
     /// Removes `bytes` from the front of the region, leaving a hole no mapping can use.
     ///
     /// # Errors
@@ -247,6 +274,24 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// Merging the two halves of a split, in either order, gives the region back; regions that are
+        /// not adjacent are not merged and come back unchanged.
+        #[test]
+        fn merge_undoes_split(start in 0u64..(1 << 47), len in 0usize..(1 << 40), cut in any::<usize>(), gap in 1u64..4096) {
+            let cut = cut % (len + 1);
+            let (mut head, tail) = Region::from_unmapped(start, len).split_at(cut).unwrap();
+            prop_assert!(head.merge(tail).is_ok());
+            prop_assert_eq!((head.start(), head.len()), (start, len));
+            let (head, mut tail) = Region::from_unmapped(start, len).split_at(cut).unwrap();
+            prop_assert!(tail.merge(head).is_ok());
+            prop_assert_eq!((tail.start(), tail.len()), (start, len));
+            let mut one = Region::from_unmapped(start, len);
+            let apart = Region::from_unmapped(start + len as u64 + gap, 7);
+            let back = one.merge(apart).unwrap_err();
+            prop_assert_eq!((back.start(), back.len()), (start + len as u64 + gap, 7));
+            prop_assert_eq!((one.start(), one.len()), (start, len));
+        }
+
         /// Splitting and skipping keep regions disjoint and covering: the parts of a region are exactly
         /// the region, in order, whatever the cut points.
         #[test]

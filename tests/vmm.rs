@@ -430,3 +430,52 @@ fn address_hint_never_overlaps_a_taken_range() {
     let again = VirtualReservation::with_address_hint(4 * g, 0, base).unwrap();
     println!("free hint {base:#x} -> {:#x}", again.base());
 }
+
+/// Regions freed by unmapping two neighbours merge into one, which a mapping twice as large fills; a
+/// region that is not adjacent is given back; `split_off` keeps the region when it refuses.
+#[test]
+fn unmapped_neighbours_merge_into_one_region() {
+    let Some((device, ctx)) = gpu_or_skip("unmapped_neighbours_merge_into_one_region") else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let small = PhysicalAllocation::new(device, g).unwrap();
+    let large = PhysicalAllocation::new(device, 2 * g).unwrap();
+    let mut reservation = VirtualReservation::new(3 * g, 0).unwrap();
+    let base = reservation.base();
+    let mut whole = reservation.region();
+    let mut right = whole.split_off(g).unwrap();
+    assert!(matches!(
+        right.split_off(3 * g),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert_eq!((right.start(), right.len()), (base + g as u64, 2 * g));
+    let mut middle = right.split_off(0).unwrap();
+    let far = middle.split_off(g).unwrap();
+
+    let left = whole.map(&small).unwrap().unmap().unwrap();
+    let middle = middle.map(&small).unwrap().unmap().unwrap();
+    let mut merged = middle;
+    assert!(merged.merge(far).is_ok(), "adjacent regions merge");
+    let left_back = merged.merge(left).err();
+    assert!(
+        left_back.is_none(),
+        "a region ending where this one starts merges too"
+    );
+    assert_eq!((merged.start(), merged.len()), (base, 3 * g));
+
+    // The merged region takes a mapping across the old boundaries.
+    let mut mapping = merged.map(&large).unwrap();
+    let input = pattern(2 * g / 4, 5);
+    {
+        let mut access = mapping.grant(&ctx, ReadWrite).unwrap();
+        access
+            .slice_mut::<u32>()
+            .unwrap()
+            .copy_from_host(&input)
+            .unwrap();
+        assert_eq!(access.slice::<u32>().unwrap().to_vec().unwrap(), input);
+    }
+    let rest = mapping.unmap().unwrap();
+    assert_eq!(rest.start(), base);
+}
