@@ -619,3 +619,58 @@ fn fabric_memory_is_detected_and_refused_with_a_reason() {
         Err(e) => panic!("fabric memory: unexpected error {e}"),
     }
 }
+
+/// `pidfd_getfd`, the alternative to a socket: a duplicate of the exporter's descriptor, taken by
+/// process id and descriptor number (here from this process itself, which the kernel allows wherever
+/// it allows `pidfd_getfd` at all), imports and maps like the original and sees its bytes. Where the
+/// kernel refuses (ptrace restrictions), the refusal is a named `Error::Os`, and the test says so.
+/// A process that does not exist is a named error too.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_descriptor_taken_with_pidfd_getfd_imports_the_same_memory() {
+    use std::os::fd::AsRawFd;
+    const TEST: &str = "a_descriptor_taken_with_pidfd_getfd_imports_the_same_memory";
+    let _serial = serial();
+    let Some((device, ctx)) = shareable_gpu_or_skip(TEST) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let memory = ShareableAllocation::<PosixFd>::new(device, g).unwrap();
+    let exported = memory.export().unwrap();
+    let input = pattern(g, 31);
+    let mut reservation = VirtualReservation::new(g, 0).unwrap();
+    let mut region = reservation.region();
+    let mut mapping = region.map(&memory).unwrap();
+    mapping
+        .grant(&ctx, ReadWrite)
+        .unwrap()
+        .slice_mut::<u32>()
+        .unwrap()
+        .copy_from_host(&input)
+        .unwrap();
+
+    let taken = match ExportedAllocation::take_from_process(
+        std::process::id(),
+        exported.as_fd().as_raw_fd(),
+        exported.info(),
+    ) {
+        Ok(taken) => taken,
+        Err(Error::Os { what, errno }) => {
+            common::skip(&format!(
+                "SKIPPED {TEST}: the kernel refused {what} (errno {errno}); use a socket"
+            ));
+            return;
+        }
+        Err(e) => panic!("pidfd_getfd: {e}"),
+    };
+    let imported = taken.import().unwrap();
+    let mut other = VirtualReservation::new(g, 0).unwrap();
+    let mut other_region = other.region();
+    let mut other_mapping = other_region.map(&imported).unwrap();
+    let access = other_mapping.grant(&ctx, ReadWrite).unwrap();
+    assert_eq!(access.slice::<u32>().unwrap().to_vec().unwrap(), input);
+
+    // No such process: a named refusal, before anything is imported.
+    let e = ExportedAllocation::take_from_process(i32::MAX as u32, 3, exported.info()).unwrap_err();
+    assert!(matches!(e, Error::Os { .. }), "{e}");
+}
