@@ -114,6 +114,7 @@ mod module;
 mod peer;
 mod physical;
 mod reservation;
+mod stream;
 mod sys;
 mod transfer;
 mod view;
@@ -130,6 +131,10 @@ pub use physical::{
     allocation_granularity,
 };
 pub use reservation::{Region, VirtualReservation};
+pub use stream::{
+    Event, HostInFlight, HostSource, KernelArg, KernelArgs, PinnedBuffer, Scope, ScopedRead,
+    ScopedStream, ScopedWrite, Stream, scope,
+};
 pub use transfer::{
     CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,
 };
