@@ -63,16 +63,22 @@
 //! | peer memory is not used after its access ends | use of peer memory after `cuCtxDisablePeerAccess` | `peer/peer_view_after_guard_ended`, `peer/guard_disabled_while_view_lives` |
 //! | a scoped grant does not outlive its mapping, nor its views the grant | use after unmap or revoke | `peer/scoped_grant_outlives_mapping`, `peer/scoped_view_outlives_grant` |
 //! | the access a direct copy between devices relies on lives as long as the view that carries it | a copy over the link after access ended | `peer/direct_copy_source_outlives_grant` |
+//! | work queued inside [`scope`] borrows its views, host memory and kernel until the scope has waited for it: nothing lent is used again, dropped, unmapped, regranted or touched by the host meanwhile | a queued copy or kernel on unmapped, revoked or freed memory; DMA into freed host memory, or racing a host access | `stream/view_written_while_lent`, `stream/view_dropped_while_lent`, `stream/mapping_unmapped_while_lent`, `stream/grant_changed_while_lent`, `stream/host_buffer_dropped_while_lent`, `stream/host_buffer_read_while_download_queued`, `stream/module_unloaded_while_kernel_queued` |
+//! | only what outlives a scope is lent to its work, and a [`ScopedStream`] does not leave its scope (`'scope` is invariant) | queued work outliving what it uses | `stream/closure_local_lent_to_queued_work`, `stream/scoped_stream_escapes_scope` |
+//! | queued work writes only through writable views | writes into a read-only mapping, failing on the stream | `stream/read_only_view_lent_for_writing` |
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
 //! apart. For the same reason a direct copy between two devices checks at run time that one of them
 //! reaches the other view's memory ([`DeviceSlice::reachable_from`]), and is refused with
-//! [`Error::NoPeerAccess`] before any driver call where neither does.
+//! [`Error::NoPeerAccess`] before any driver call where neither does. Work queued on a stream is
+//! checked the same way: the stream's device must reach every view ([`Error::NoPeerAccess`]) and own
+//! the kernel and a recorded event ([`Error::DeviceMismatch`]).
 //!
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
-//! and keeps its borrows' owners alive in the driver, nothing more.
+//! and keeps its borrows' owners alive in the driver, nothing more. The wait for queued work is in
+//! [`scope`]'s own frame, never in a value the caller could forget.
 //!
 //! # Several GPUs
 //! Context peer access ([`PeerAccess`], for [`DeviceBuffer`] memory) and VMM grants
@@ -91,7 +97,8 @@
 //!
 //! # Contexts
 //! Driver calls that need a current context make their own context current first (`cuCtxSetCurrent`) and
-//! leave it current on the calling thread. Every copy returns only once it has finished.
+//! leave it current on the calling thread. Every copy returns only once it has finished, except the
+//! work queued on a [`Stream`] inside [`scope`], which has finished when [`scope`] returns.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 // Library code returns errors; it never panics (the unit tests may).
