@@ -94,7 +94,9 @@ impl Stream {
     }
 
     /// The raw `CUstream` (null for the legacy default stream): an escape hatch that owns nothing.
-    /// It stays valid while `self` lives; do not destroy it.
+    /// It stays valid while `self` lives; do not destroy it, nor begin a stream capture on it: work
+    /// captured into a graph runs when the graph is launched, after any scope has waited for the
+    /// stream.
     #[must_use]
     pub fn as_raw(&self) -> sys::CUstream {
         self.raw
@@ -584,8 +586,10 @@ fn host_bytes<T>(len: usize) -> Result<usize, Error> {
 /// is sticky: the context runs no more work, and every later call in it fails, until the primary
 /// context is reset, which cannot happen while a stream, event or pinned buffer of it lives (each
 /// keeps it retained). So nothing queued touches the borrowed memory after `scope` returns; but which
-/// operations ran before the fault is unknown, so the bytes they were to write are unspecified.
-/// `scope` waits for every other stream even after one wait failed, and returns the first error.
+/// operations ran before the fault is unknown, so the bytes they were to write are unspecified. (The
+/// only other failures, of the wait or of making the stream's retained context current, come from a
+/// driver that is shutting down, which runs no more work either.) `scope` waits for every other
+/// stream even after one wait failed, and returns the first error.
 ///
 /// # Lifetimes
 /// - `'scope`: the lifetime of the scope itself — while `f` runs and until every queued operation
