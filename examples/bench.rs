@@ -311,6 +311,7 @@ fn run() -> BenchResult<()> {
     churn(ctx, g, &mut rows)?;
     one_device_direct(ctx, bytes, &mut rows)?;
     staged_rows(&contexts, bytes, &mut rows)?;
+    stream_rows(ctx, bytes, &mut rows)?;
     let mut not_run = Vec::new();
     owned_rows(ctx, g, &mut rows, &mut not_run)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
@@ -1661,5 +1662,158 @@ fn owned_churn(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
         goal: "safe/raw >= 0.99",
     });
     buffer.free()?;
+    Ok(())
+}
+
+/// The driver calls of the stream rows that the safe API makes, declared with integer results.
+mod raw_stream {
+    use core::ffi::c_void;
+
+    unsafe extern "C" {
+        pub(crate) fn cuMemcpyHtoDAsync_v2(
+            dst: u64,
+            src: *const c_void,
+            bytes: usize,
+            stream: *mut c_void,
+        ) -> u32;
+    }
+}
+
+/// Stream-ordered copies under `cuda_vmm::scope`, on GPU 0:
+/// - host -> device and device -> host at once, on two streams, against host -> device alone (both
+///   through the scope): the host link is full duplex, so close to 2x;
+/// - a scope around one 4 KiB async upload against the raw `cuMemcpyHtoDAsync` and
+///   `cuStreamSynchronize` on the same stream: the scope's overhead (registration, the context bound
+///   before each call, the wait), with the raw calls against themselves as calibration;
+/// - a 256 MiB upload timed by events recorded around it on the stream, next to the wall clock around
+///   the scope (which adds the queueing and the wait).
+fn stream_rows(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    use cuda_vmm::{Event, PinnedBuffer, Stream};
+
+    let mut up_dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let mut alone_dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let down_src = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let up_src = PinnedBuffer::<u8>::zeroed(ctx, bytes)?;
+    let mut down_dst = PinnedBuffer::<u8>::zeroed(ctx, bytes)?;
+    let (up, down) = (Stream::new(ctx)?, Stream::new(ctx)?);
+    let mut up_view = up_dst.as_mut_slice();
+    let down_view = down_src.as_slice();
+
+    let mut both = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            s.on(&up).copy_from_host(&mut up_view, &up_src)?;
+            s.on(&down).copy_to_host(&mut down_dst, down_view)?;
+            Ok(())
+        })?;
+        Ok(())
+    };
+    let mut up_view_alone = alone_dst.as_mut_slice();
+    let mut one = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            s.on(&up).copy_from_host(&mut up_view_alone, &up_src)?;
+            Ok(())
+        })?;
+        Ok(())
+    };
+    warm_up(0.5, &mut both, &mut one)?;
+    let (both_t, one_t) = race(30, &mut both, &mut one)?;
+    rows.push(Row {
+        name: format!(
+            "host <-> device {} MiB each way on two streams vs host -> device alone (GB/s)",
+            bytes >> 20
+        ),
+        unit: "GB/s",
+        safe: 2.0 * float(bytes) / both_t / 1e9,
+        raw: float(bytes) / one_t / 1e9,
+        paired: None,
+        goal: "both/one ~2 (full duplex)",
+    });
+
+    small_copy_rows(ctx, &up, rows)?;
+
+    // Event-timed against wall-clock, the same upload.
+    let (start, end) = (Event::timed(ctx)?, Event::timed(ctx)?);
+    let mut up_view = up_dst.as_mut_slice();
+    let (mut on_stream, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..30 {
+        let t = Instant::now();
+        cuda_vmm::scope(|s| {
+            let q = s.on(&up);
+            q.record(&start)?;
+            q.copy_from_host(&mut up_view, &up_src)?;
+            q.record(&end)?;
+            Ok(())
+        })?;
+        wall.push(t.elapsed().as_secs_f64());
+        on_stream.push(f64::from(start.elapsed_ms(&end)?) / 1e3);
+    }
+    rows.push(Row::gbs(
+        format!(
+            "host -> device {} MiB on a stream, event-timed vs wall clock around the scope (GB/s)",
+            bytes >> 20
+        ),
+        bytes,
+        median(on_stream),
+        median(wall),
+        "report",
+    ));
+    Ok(())
+}
+
+/// The scope's overhead on a small copy: a scope around one 4 KiB upload from pinned memory, against
+/// the raw `cuMemcpyHtoDAsync` and `cuStreamSynchronize` on the same stream; and the raw calls
+/// against themselves (calibration).
+fn small_copy_rows(
+    ctx: &Context,
+    stream: &cuda_vmm::Stream,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    const SMALL: usize = 4096;
+    let host = cuda_vmm::PinnedBuffer::<u8>::zeroed(ctx, SMALL)?;
+    let mut device = DeviceBuffer::<u8>::zeroed(ctx, SMALL)?;
+    let mut view = device.as_mut_slice();
+    let (dst, src, raw_stream) = (view.as_raw_ptr(), host.as_ptr(), stream.as_raw());
+    let raw_copy = || -> BenchResult<()> {
+        // SAFETY: `dst` is `SMALL` bytes of `device`'s memory and `src` `SMALL` bytes of `host`'s
+        // pinned memory, both alive until this function returns; the copy is waited for before this
+        // returns, and the safe closure runs only between raw runs.
+        unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw_stream::cuMemcpyHtoDAsync_v2(
+                dst,
+                src.cast::<c_void>(),
+                SMALL,
+                raw_stream.cast::<c_void>(),
+            ))?;
+            ok(raw::cuStreamSynchronize(raw_stream.cast::<c_void>()))
+        }
+    };
+    let mut safe = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            s.on(stream).copy_from_host(&mut view, &host)?;
+            Ok(())
+        })?;
+        Ok(())
+    };
+    let mut raw_warm = raw_copy;
+    warm_up(0.2, &mut safe, &mut raw_warm)?;
+    let (a, b, calibration) = race_paired(5000, raw_copy, raw_copy)?;
+    rows.push(Row {
+        name: "async copy 4 KiB + sync, raw vs raw (calibration) (us)".to_owned(),
+        unit: "us",
+        safe: a * 1e6,
+        raw: b * 1e6,
+        paired: Some(calibration),
+        goal: "calibration: ~1",
+    });
+    let (safe_t, raw_t, paired) = race_paired(5000, safe, raw_copy)?;
+    rows.push(Row {
+        name: "scope + async copy 4 KiB vs cuMemcpyHtoDAsync + cuStreamSynchronize (us)".to_owned(),
+        unit: "us",
+        safe: safe_t * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.01",
+    });
     Ok(())
 }

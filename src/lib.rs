@@ -67,24 +67,30 @@
 //! | a read-only [`VirtualBuffer`] gives no write path | write to a read-only mapping | `owned/read_only_buffer_written` |
 //! | one writable view of a [`VirtualBuffer`] at a time | two writers of one range | `owned/buffer_two_writable_views` |
 //! | an [`OwnedMapping`] is not used past its unmap, is unmapped once, and has one grant in use at a time | use after unmap, double unmap, a grant widened under its views | `owned/mapping_view_outlives_mapping`, `owned/mapping_unmapped_twice`, `owned/mapping_in_struct_granted_twice` |
-//!
-//! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
-//! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
-//! over bytes not mapped are refused at run time, before any driver call ([`Error::PageRange`]).
 //! | only memory created shareable ([`ShareableAllocation<PosixFd>`]) can be exported | `cuMemExportToShareableHandle` of memory created without `requestedHandleTypes` | `ipc/physical_exported` |
 //! | an imported allocation is not used after its release | `cuMemMap` of a released handle | `ipc/imported_used_after_release` |
 //! | a CPU slice of host memory does not outlive its CPU grant | CPU access after the grant ended | `host/slice_outlives_host_grant` |
 //! | the CPU borrows host memory only while no device view of the mapping, and no alias mapping, exists | a device write racing a Rust `&mut [T]` | `host/slice_mut_while_device_view_writable`, `host/aliased_while_host_mapped` |
+//! | work queued inside [`scope`] borrows its views, host memory and kernel until the scope has waited for it: nothing lent is dropped, freed, unmapped or regranted meanwhile, and what queued work writes is not touched at all | a queued copy or kernel on unmapped, revoked or freed memory; DMA into freed host memory, or racing a host access | `stream/view_written_while_lent`, `stream/view_dropped_while_lent`, `stream/mapping_unmapped_while_lent`, `stream/grant_changed_while_lent`, `stream/host_buffer_dropped_while_lent`, `stream/host_buffer_read_while_download_queued`, `stream/module_unloaded_while_kernel_queued` |
+//! | only what outlives a scope is lent to its work, and a [`ScopedStream`] does not leave its scope (`'scope` is invariant) | queued work outliving what it uses | `stream/closure_local_lent_to_queued_work`, `stream/scoped_stream_escapes_scope` |
+//! | queued work writes only through writable views | writes into a read-only mapping, failing on the stream | `stream/read_only_view_lent_for_writing` |
+//!
+//! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
+//! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
+//! over bytes not mapped are refused at run time, before any driver call ([`Error::PageRange`]).
 //!
 //! A peer view for a guard of the other direction is refused at run time
 //! ([`Error::DeviceMismatch`]): devices are run-time values, so the types cannot tell two contexts
 //! apart. For the same reason a direct copy between two devices checks at run time that one of them
 //! reaches the other view's memory ([`DeviceSlice::reachable_from`]), and is refused with
-//! [`Error::NoPeerAccess`] before any driver call where neither does.
+//! [`Error::NoPeerAccess`] before any driver call where neither does. Work queued on a stream is
+//! checked the same way: the stream's device must reach every view ([`Error::NoPeerAccess`]) and own
+//! the kernel and a recorded event ([`Error::DeviceMismatch`]).
 //!
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
-//! and keeps its borrows' owners alive in the driver, nothing more.
+//! and keeps its borrows' owners alive in the driver, nothing more. The wait for queued work is in
+//! [`scope`]'s own frame, never in a value the caller could forget.
 //!
 //! # Owned or borrowed
 //! The types above are the borrowed layer: their lifetimes prove the driver's order, so they live in
@@ -112,7 +118,8 @@
 //!
 //! # Contexts
 //! Driver calls that need a current context make their own context current first (`cuCtxSetCurrent`) and
-//! leave it current on the calling thread. Every copy returns only once it has finished.
+//! leave it current on the calling thread. Every copy returns only once it has finished, except the
+//! work queued on a [`Stream`] inside [`scope`], which has finished when [`scope`] returns.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 // Library code returns errors; it never panics (the unit tests may).
@@ -139,6 +146,7 @@ mod owned;
 mod peer;
 mod physical;
 mod reservation;
+mod stream;
 mod sys;
 mod transfer;
 mod view;
@@ -159,6 +167,10 @@ pub use physical::{
     allocation_granularity,
 };
 pub use reservation::{Region, VirtualReservation};
+pub use stream::{
+    Event, HostInFlight, HostSource, KernelArg, KernelArgs, PinnedBuffer, Scope, ScopedRead,
+    ScopedStream, ScopedWrite, Stream, scope,
+};
 pub use transfer::{
     CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,
 };

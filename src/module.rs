@@ -186,6 +186,12 @@ impl Function<'_> {
         self.context.device()
     }
 
+    /// The raw `CUfunction`, for launches on a stream (`ScopedStream::launch`); valid while the
+    /// module is loaded, which a borrow of `self` guarantees.
+    pub(crate) fn raw(&self) -> sys::CUfunction {
+        self.raw
+    }
+
     /// `cuLaunchKernel` — run the kernel on `grid` × `block` threads in its module's context, and wait
     /// until it has finished.
     ///

@@ -61,6 +61,7 @@ pub(crate) const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: c_int = 4;
 // Flags
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_NONE: u32 = 0;
 pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 1;
+pub(crate) const CU_EVENT_DEFAULT: c_uint = 0;
 pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
 
@@ -234,6 +235,8 @@ unsafe extern "C" {
     pub(crate) fn cuEventDestroy_v2(event: CUevent) -> CUresult;
     pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
     pub(crate) fn cuEventSynchronize(event: CUevent) -> CUresult;
+    pub(crate) fn cuEventQuery(event: CUevent) -> CUresult;
+    pub(crate) fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
 
     pub(crate) fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
     pub(crate) fn cuMemFreeHost(p: *mut c_void) -> CUresult;
@@ -247,6 +250,18 @@ unsafe extern "C" {
         dst: *mut c_void,
         src: CUdeviceptr,
         bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub(crate) fn cuMemcpyDtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub(crate) fn cuMemsetD8Async(
+        dst: CUdeviceptr,
+        value: u8,
+        count: usize,
         stream: CUstream,
     ) -> CUresult;
 

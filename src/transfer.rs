@@ -1,12 +1,12 @@
 //! Device-to-device copies across devices, with a portable fallback through pinned host memory.
 
 use core::ffi::c_void;
-use core::ptr;
 
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{Error, Result, check};
+use crate::error::{Error, first_error};
+use crate::stream::{Event, PinnedBuffer, Stream};
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, copy_device_to_device};
 
@@ -175,141 +175,26 @@ fn copy<T: Pod>(
     Ok(path)
 }
 
-/// A stream of one context, destroyed on drop.
-struct Stream<'c> {
-    raw: sys::CUstream,
-    context: &'c Context,
-}
-
-impl<'c> Stream<'c> {
-    fn new(context: &'c Context) -> Result<Stream<'c>> {
-        context.bind_to_thread()?;
-        let mut raw: sys::CUstream = ptr::null_mut();
-        // SAFETY: `raw` is writable; a context is current. Non-blocking: no implicit sync with the
-        // legacy stream of other work.
-        check(unsafe { sys::cuStreamCreate(&raw mut raw, sys::CU_STREAM_NON_BLOCKING) })?;
-        Ok(Stream { raw, context })
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        // SAFETY: `self.raw` is a live stream.
-        check(unsafe { sys::cuStreamSynchronize(self.raw) })
-    }
-}
-
-impl Drop for Stream<'_> {
-    fn drop(&mut self) {
-        // Wait first: the staging memory the stream may still read is freed after the streams.
-        let _ = self.synchronize();
-        if self.context.bind_to_thread().is_ok() {
-            // SAFETY: a live stream of this context, destroyed once. Errors are ignored (`drop`).
-            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
-        }
-    }
-}
-
-/// An event without timing of one context, destroyed on drop.
-struct Event<'c> {
-    raw: sys::CUevent,
-    context: &'c Context,
-}
-
-impl<'c> Event<'c> {
-    fn new(context: &'c Context) -> Result<Event<'c>> {
-        context.bind_to_thread()?;
-        let mut raw: sys::CUevent = ptr::null_mut();
-        // SAFETY: `raw` is writable; a context is current.
-        check(unsafe { sys::cuEventCreate(&raw mut raw, sys::CU_EVENT_DISABLE_TIMING) })?;
-        Ok(Event { raw, context })
-    }
-
-    fn record(&self, stream: &Stream<'_>) -> Result<()> {
-        // SAFETY: a live event and a live stream (events may be recorded on a stream of their context).
-        check(unsafe { sys::cuEventRecord(self.raw, stream.raw) })
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        // SAFETY: a live event.
-        check(unsafe { sys::cuEventSynchronize(self.raw) })
-    }
-}
-
-impl Drop for Event<'_> {
-    fn drop(&mut self) {
-        // Destroyed with its own context current, as the driver requires of calls on its objects.
-        // Without it the event is leaked (errors are ignored: `drop`).
-        if self.context.bind_to_thread().is_ok() {
-            // SAFETY: a live event of the current context, destroyed once; the driver defers the
-            // release until it completes.
-            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
-        }
-    }
-}
-
-/// Page-locked host memory usable by every context (`CU_MEMHOSTALLOC_PORTABLE`), freed on drop.
-struct PinnedHost {
-    ptr: *mut c_void,
-}
-
-impl PinnedHost {
-    fn new(bytes: usize) -> Result<PinnedHost> {
-        let mut ptr: *mut c_void = ptr::null_mut();
-        // SAFETY: `ptr` is writable; portable pinned memory needs no particular current context, but one
-        // is current (bound by the caller).
-        check(unsafe { sys::cuMemHostAlloc(&raw mut ptr, bytes, sys::CU_MEMHOSTALLOC_PORTABLE) })?;
-        Ok(PinnedHost { ptr })
-    }
-}
-
-impl Drop for PinnedHost {
-    fn drop(&mut self) {
-        // Its owner ([`Staging`]) has made the context the memory was pinned in current (its `Drop`
-        // runs before its fields'; `Staging::new` binds it before making any).
-        // SAFETY: memory from `cuMemHostAlloc`, freed once. Only `staged` queues work on it, and its
-        // streams are synchronised (when dropped) before it returns. Errors are ignored (`drop`).
-        let _ = unsafe { sys::cuMemFreeHost(self.ptr) };
-    }
-}
-
 /// Two chunks of pinned host memory for the staged path of [`copy_between_with`], reusable across
 /// copies and devices (`CU_MEMHOSTALLOC_PORTABLE`). Freed on drop.
 ///
-/// It keeps the primary context it was made in retained: pinned memory belongs to that context, and a
+/// Each chunk is a [`PinnedBuffer`], which keeps the primary context it was pinned in retained: a
 /// primary context released by its last user is reset, which would unpin the memory (and let the
 /// driver hand the same addresses to someone else) while `Staging` still owned it.
 pub struct Staging {
-    /// Declared before `context`, so freed while the context is still retained.
-    buffers: [PinnedHost; 2],
-    chunk: usize,
-    context: Context,
-}
-
-// SAFETY: `Staging` owns its page-locked host memory outright (no other pointer to it exists outside a
-// copy, which borrows `Staging` mutably), and keeps the context it belongs to retained; portable
-// pinned memory has no thread or context affinity, and `Context` is `Send`.
-unsafe impl Send for Staging {}
-// SAFETY: `&Staging` gives access to nothing but the chunk size.
-unsafe impl Sync for Staging {}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // `cuMemFreeHost` (the buffers' `Drop`, which runs right after this) needs a current context,
-        // and `Staging` is `Send`: it may be dropped on a thread where no context, or another, is
-        // current. Bind the one the memory belongs to. Errors are ignored (`drop`).
-        let _ = self.context.bind_to_thread();
-    }
+    buffers: [PinnedBuffer<u8>; 2],
 }
 
 impl core::fmt::Debug for Staging {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Staging")
-            .field("chunk_bytes", &self.chunk)
+            .field("chunk_bytes", &self.chunk_bytes())
             .finish_non_exhaustive()
     }
 }
 
 impl Staging {
-    /// `cuMemHostAlloc` — two pinned chunks of `chunk_bytes` each (made with `context` current).
+    /// `cuMemHostAlloc` — two pinned chunks of `chunk_bytes` each (pinned in `context`).
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for a zero chunk size; the driver's error otherwise.
@@ -320,31 +205,35 @@ impl Staging {
                 what: "staging chunk",
             });
         }
-        let context = Context::new(context.device())?;
-        context.bind_to_thread()?;
-        let buffers = [PinnedHost::new(chunk_bytes)?, PinnedHost::new(chunk_bytes)?];
         Ok(Staging {
-            buffers,
-            chunk: chunk_bytes,
-            context,
+            buffers: [
+                PinnedBuffer::zeroed(context, chunk_bytes)?,
+                PinnedBuffer::zeroed(context, chunk_bytes)?,
+            ],
         })
     }
 
-    /// The device whose primary context the memory was made in (and which `Staging` keeps retained).
+    /// The device whose primary context the memory was pinned in (and which `Staging` keeps
+    /// retained).
     #[must_use]
     pub fn device(&self) -> Device {
-        self.context.device()
+        let [first, _] = &self.buffers;
+        first.device()
     }
 
     /// The size of each chunk in bytes.
     #[must_use]
     pub fn chunk_bytes(&self) -> usize {
-        self.chunk
+        let [first, _] = &self.buffers;
+        first.len()
     }
 }
 
 /// The double-buffered staged copy of `bytes` from `src` (reachable from `src_ctx`) to `dst`
-/// (reachable from `dst_ctx`), in chunks of the staging memory's size.
+/// (reachable from `dst_ctx`), in chunks of the staging memory's size: downloads on a stream of the
+/// source's context, uploads on one of the destination's, each upload waiting for its download and
+/// each download for the upload that last read its buffer. Returns once both streams are idle, on
+/// every path: no copy is left in flight on the staging memory.
 fn staged(
     dst: sys::CUdeviceptr,
     dst_ctx: &Context,
@@ -353,20 +242,44 @@ fn staged(
     bytes: usize,
     staging: &mut Staging,
 ) -> Result<(), Error> {
-    let (buffers, chunk) = (&staging.buffers, staging.chunk);
-    // The streams are dropped (and so synchronised) before `staging` is released by the caller.
-    let down_done = [Event::new(src_ctx)?, Event::new(src_ctx)?];
-    let up_done = [Event::new(dst_ctx)?, Event::new(dst_ctx)?];
     let down = Stream::new(src_ctx)?;
     let up = Stream::new(dst_ctx)?;
+    let down_done = [Event::new(src_ctx)?, Event::new(src_ctx)?];
+    let up_done = [Event::new(dst_ctx)?, Event::new(dst_ctx)?];
+    let queued = queue_chunks(
+        (dst, &up, &up_done),
+        (src, &down, &down_done),
+        bytes,
+        staging,
+    );
+    // Whatever was queued reads or writes `staging`, which the caller gets back (or frees) once this
+    // returns: wait for both streams in any case, then report the first error.
+    let waited = first_error([down.synchronize(), up.synchronize()]);
+    queued?;
+    Ok(waited?)
+}
+
+/// One leg of [`staged`]: the device address, the stream and the events of its two buffers.
+type Leg<'a> = (sys::CUdeviceptr, &'a Stream, &'a [Event; 2]);
+
+/// Queues the chunks of [`staged`]; the caller waits for both streams, also where this fails.
+fn queue_chunks(
+    (dst, up, up_done): Leg<'_>,
+    (src, down, down_done): Leg<'_>,
+    bytes: usize,
+    staging: &mut Staging,
+) -> Result<(), Error> {
+    let chunk = staging.chunk_bytes();
+    let [first, second] = &mut staging.buffers;
+    let buffers = [first.as_mut_ptr(), second.as_mut_ptr()];
 
     // The two buffers take turns, each with the event of its download and of its upload.
-    let mut slots = buffers.iter().zip(&down_done).zip(&up_done).cycle();
+    let mut slots = buffers.iter().zip(down_done).zip(up_done).cycle();
     let mut offset = 0usize;
     let mut chunks = 0usize;
     while offset < bytes {
         // `cycle` over two slots never ends.
-        let Some(((buffer, downloaded), uploaded)) = slots.next() else {
+        let Some(((&buffer, downloaded), uploaded)) = slots.next() else {
             break;
         };
         let n = chunk.min(bytes - offset);
@@ -374,22 +287,20 @@ fn staged(
             // This buffer was last read by the upload of the chunk two before this one.
             uploaded.synchronize()?;
         }
-        src_ctx.bind_to_thread()?;
-        // SAFETY: `buffer` is `chunk >= n` writable pinned bytes no queued work uses (checked just
-        // above); `src + offset` is `n` bytes of device memory reachable from the current context.
-        check(unsafe { sys::cuMemcpyDtoHAsync_v2(buffer.ptr, src + offset as u64, n, down.raw) })?;
-        downloaded.record(&down)?;
-        dst_ctx.bind_to_thread()?;
-        // SAFETY: a live stream and event; the event may belong to another context.
-        check(unsafe { sys::cuStreamWaitEvent(up.raw, downloaded.raw, 0) })?;
-        // SAFETY: the upload waits (above) for the download into `buffer`; `dst + offset` is `n`
-        // bytes of exclusive device memory reachable from the current context.
-        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst + offset as u64, buffer.ptr, n, up.raw) })?;
-        uploaded.record(&up)?;
+        // SAFETY: `buffer` is `chunk >= n` writable bytes of pinned memory, borrowed mutably from
+        // `staging` for this call, which no queued work uses (checked just above); `src + offset` is
+        // `n` bytes of device memory reachable from the download stream's device. The caller waits
+        // for the stream before `staging` is released.
+        unsafe { down.copy_to_host_raw(buffer.cast::<c_void>(), src + offset as u64, n) }?;
+        down.record(downloaded)?;
+        up.wait(downloaded)?;
+        // SAFETY: the upload waits (just above) for the download into `buffer`; `dst + offset` is `n`
+        // bytes of exclusive device memory reachable from the upload stream's device. The caller
+        // waits for the stream before `staging` is released.
+        unsafe { up.copy_from_host_raw(dst + offset as u64, buffer.cast::<c_void>(), n) }?;
+        up.record(uploaded)?;
         offset += n;
         chunks += 1;
     }
-    down.synchronize()?;
-    up.synchronize()?;
     Ok(())
 }

@@ -345,6 +345,19 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         }
     }
 
+    /// A read-only view of the same elements for the whole of `'a`, giving up the writable one (as
+    /// `&'a mut [T]` becomes `&'a [T]`): what a queued write hands back for the work after it.
+    #[must_use]
+    pub fn into_slice(self) -> DeviceSlice<'a, T> {
+        DeviceSlice {
+            ptr: self.ptr,
+            len: self.len,
+            context: self.context,
+            reach: self.reach,
+            _data: PhantomData,
+        }
+    }
+
     /// A writable sub-view of the elements in `range`.
     ///
     /// # Errors

@@ -149,3 +149,18 @@ mod shared {
     assert_not_impl_any!(ShareableAllocation<PosixFd>: Clone, Copy);
     assert_not_impl_any!(ExportedAllocation: Clone, Copy);
 }
+// Stream-ordered work: owned streams, events and pinned memory move between threads and are shared
+// by reference (thread-safe driver handles; each binds its context before every call); a copy would
+// destroy or free twice. A scope is shared with threads that queue work too; a scoped stream is a
+// `Copy` handle, a reference and nothing more.
+assert_impl_all!(cuda_vmm::Stream: Send, Sync);
+assert_impl_all!(cuda_vmm::Event: Send, Sync);
+assert_impl_all!(cuda_vmm::PinnedBuffer<u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::Stream: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::Event: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::PinnedBuffer<u32>: Clone, Copy);
+assert_impl_all!(cuda_vmm::Scope<'static, 'static>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::Scope<'static, 'static>: Clone, Copy);
+assert_impl_all!(cuda_vmm::ScopedStream<'static>: Send, Sync, Copy);
+assert_eq_size!(cuda_vmm::ScopedStream<'static>, &cuda_vmm::Stream);
+assert_impl_all!(cuda_vmm::HostInFlight<'static, u32>: Send, Sync, Copy);
