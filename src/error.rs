@@ -565,6 +565,10 @@ pub enum Error {
         /// What is wrong, such as `"expected exactly one file descriptor"`.
         what: &'static str,
     },
+    /// An event made without timing ([`Event::new`](crate::Event::new)) was asked for a time:
+    /// both events of [`Event::elapsed_ms`](crate::Event::elapsed_ms) must come from
+    /// [`Event::timed`](crate::Event::timed). Checked before any driver call.
+    NotTimed,
 }
 
 impl Error {
@@ -676,6 +680,10 @@ impl fmt::Display for Error {
             Error::InvalidMessage { what } => {
                 write!(f, "invalid shared-allocation message: {what}")
             }
+            Error::NotTimed => write!(
+                f,
+                "an event made without timing (Event::new) cannot be timed: make both with Event::timed"
+            ),
         }
     }
 }
@@ -826,6 +834,16 @@ mod tests {
             assert_eq!(error.driver(), None);
             assert!(error.source().is_none());
         }
+    }
+
+    #[test]
+    fn not_timed_says_what_to_do() {
+        assert_eq!(
+            Error::NotTimed.to_string(),
+            "an event made without timing (Event::new) cannot be timed: make both with Event::timed"
+        );
+        assert_eq!(Error::NotTimed.driver(), None);
+        assert!(Error::NotTimed.source().is_none());
     }
 
     #[test]

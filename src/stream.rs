@@ -318,12 +318,16 @@ impl Event {
     /// where `end` completed first.
     ///
     /// # Errors
-    /// [`Error::DeviceMismatch`] for events of two devices (before any driver call); the driver's
-    /// error otherwise: `CUDA_ERROR_INVALID_HANDLE` where either event was made without timing
-    /// ([`Event::new`]) or never recorded, `CUDA_ERROR_NOT_READY` where either has not completed
-    /// (call [`synchronize`](Event::synchronize) on `end` first).
+    /// [`Error::NotTimed`] where either event was made without timing ([`Event::new`]), and
+    /// [`Error::DeviceMismatch`] for events of two devices, both before any driver call; the
+    /// driver's error otherwise: `CUDA_ERROR_INVALID_HANDLE` where either event was never recorded,
+    /// `CUDA_ERROR_NOT_READY` where either has not completed (call
+    /// [`synchronize`](Event::synchronize) on `end` first).
     #[doc(alias = "cuEventElapsedTime")]
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32, Error> {
+        if !self.is_timed() || !end.is_timed() {
+            return Err(Error::NotTimed);
+        }
         if end.device() != self.device() {
             return Err(Error::DeviceMismatch {
                 expected: self.device().as_raw(),

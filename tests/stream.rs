@@ -563,7 +563,8 @@ fn streams_events_and_pinned_buffers_leak_nothing() {
     let mut device = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
     let mut round = |i: u32| -> Result<(), Error> {
         let stream = Stream::new(&ctx)?;
-        let (start, end) = (Event::timed(&ctx)?, Event::new(&ctx)?);
+        let (start, end) = (Event::timed(&ctx)?, Event::timed(&ctx)?);
+        let untimed = Event::new(&ctx)?;
         let host = PinnedBuffer::from_slice(&ctx, &pattern(n, i))?;
         let mut back = PinnedBuffer::<u32>::zeroed(&ctx, n)?;
         let mut view = device.as_mut_slice();
@@ -576,7 +577,11 @@ fn streams_events_and_pinned_buffers_leak_nothing() {
             Ok(())
         })?;
         assert!(back[..] == host[..], "round {i}");
-        start.elapsed_ms(&end)?;
+        assert!(
+            start.elapsed_ms(&end)? >= 0.0,
+            "round {i}: end before start"
+        );
+        assert_eq!(start.elapsed_ms(&untimed), Err(Error::NotTimed));
         Ok(())
     };
     // Warm-up: the first stream and event of a context may set up driver bookkeeping that stays.
