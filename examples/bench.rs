@@ -57,58 +57,16 @@ fn float(n: usize) -> f64 {
     n as f64
 }
 
+#[path = "../tests/common/raw_vmm.rs"]
+mod raw_vmm;
+
 /// The raw driver calls the safe API makes, declared with integer results.
 mod raw {
     use core::ffi::c_void;
 
-    #[repr(C)]
-    pub(crate) struct Location {
-        pub(crate) type_: u32,
-        pub(crate) id: i32,
-    }
-    #[repr(C)]
-    pub(crate) struct Prop {
-        pub(crate) type_: u32,
-        pub(crate) handle_types: u32,
-        pub(crate) location: Location,
-        pub(crate) win32: *mut c_void,
-        pub(crate) flags: u64,
-    }
-    #[repr(C)]
-    pub(crate) struct AccessDesc {
-        pub(crate) location: Location,
-        pub(crate) flags: u32,
-    }
+    pub(crate) use super::raw_vmm::*;
+
     unsafe extern "C" {
-        pub(crate) fn cuMemCreate(
-            handle: *mut u64,
-            size: usize,
-            prop: *const Prop,
-            flags: u64,
-        ) -> u32;
-        pub(crate) fn cuMemRelease(handle: u64) -> u32;
-        pub(crate) fn cuMemAddressReserve(
-            ptr: *mut u64,
-            size: usize,
-            align: usize,
-            addr: u64,
-            flags: u64,
-        ) -> u32;
-        pub(crate) fn cuMemAddressFree(ptr: u64, size: usize) -> u32;
-        pub(crate) fn cuMemMap(
-            ptr: u64,
-            size: usize,
-            offset: usize,
-            handle: u64,
-            flags: u64,
-        ) -> u32;
-        pub(crate) fn cuMemUnmap(ptr: u64, size: usize) -> u32;
-        pub(crate) fn cuMemSetAccess(
-            ptr: u64,
-            size: usize,
-            desc: *const AccessDesc,
-            count: usize,
-        ) -> u32;
         pub(crate) fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, bytes: usize) -> u32;
         pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, bytes: usize) -> u32;
         pub(crate) fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) -> u32;
