@@ -138,6 +138,8 @@ mod buffer;
 mod device;
 mod error;
 mod host;
+#[cfg(feature = "cudarc")]
+pub mod interop;
 #[cfg(unix)]
 mod ipc;
 mod mapping;
