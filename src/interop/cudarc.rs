@@ -64,8 +64,9 @@
 //!   scope then returns [`Error::StreamRefused`].
 //! - **Kernel launches** ([`LaunchArgs::launch`]) are `unsafe` in cudarc, and [`PushKernelArg`] is
 //!   not told the stream: the launch's contract gains one condition for lent arguments, that it runs
-//!   on the scope's stream ([`Scope::launch_builder`] makes such a builder, after checking that the
-//!   stream is not capturing).
+//!   on the scope's stream and is not captured into a graph ([`Scope::launch_builder`] makes a
+//!   builder on that stream, after checking that it is not capturing; beginning a capture between
+//!   the builder and the launch breaks the condition).
 //!
 //! # Contexts and streams
 //! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
@@ -307,7 +308,8 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// cudarc's kernel launch builder ([`CudaStream::launch_builder`]) on the scope's stream, the
-    /// stream [`LaunchArgs::launch`] must run lent arguments on.
+    /// stream [`LaunchArgs::launch`] must run lent arguments on (and not under a graph capture
+    /// begun after this call).
     ///
     /// # Errors
     /// [`Error::StreamRefused`] where the stream is capturing a graph, which could launch the
@@ -541,8 +543,8 @@ impl<T: Pod> DevicePtrMut<T> for LentMut<'_, T> {
 // builder (`'b: 'a`), as that implementation requires. The kernel receives the view's address; the
 // view is borrowed for `'scope` (`'scope: 'b`), until the scope has waited for its stream. What the
 // pointer's use needs beyond this is the condition that `LaunchArgs::launch` (which is `unsafe`)
-// adds for lent arguments: the launch runs on the scope's stream (module documentation), and the
-// kernel only reads a read-only argument, within its `len()` values.
+// adds for lent arguments: the launch runs on the scope's stream, not captured into a graph (module
+// documentation), and the kernel only reads a read-only argument, within its `len()` values.
 unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b Lent<'_, T>> for LaunchArgs<'a> {
     #[inline]
     fn arg(&mut self, arg: &'b Lent<'_, T>) -> &mut Self {
