@@ -70,18 +70,20 @@
 //!
 //! # Contexts and streams
 //! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
-//! context (`cuDevicePrimaryCtxRetain`), as this crate's [`Context`](crate::Context) does: one
-//! context per device, one driver (cudarc loads the `libcuda` this crate links, so its handles are
-//! this crate's handles: `tests/cudarc.rs` compares them). Each side holds its own retain, so either
-//! may be dropped first: the primary context lives until the last retain of either side ends. A
-//! [`VirtualBuffer`](crate::VirtualBuffer) keeps the contexts of its access set retained itself, so
-//! dropping every cudarc context does not reset a context under its memory. [`scope`] accepts only
-//! streams of primary contexts, and not the per-thread default stream (whose handle means another
-//! stream on every thread).
+//! context (`cuDevicePrimaryCtxRetain`), as this crate's [`Context`] does: one context per device,
+//! one driver (cudarc loads the `libcuda` this crate links, so its handles are this crate's
+//! handles: `tests/cudarc.rs` compares them, and the first [`scope`] of the process checks it
+//! before any of cudarc's handles reaches this crate's driver calls). Each side holds its own
+//! retain, so either may be dropped first: the primary context lives until the last retain of
+//! either side ends. A [`VirtualBuffer`](crate::VirtualBuffer) keeps the contexts of its access set
+//! retained itself, so dropping every cudarc context does not reset a context under its memory.
+//! [`scope`] accepts only streams of primary contexts, and not the per-thread default stream (whose
+//! handle means another stream on every thread).
 
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr;
+use core::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ::cudarc::driver::{
@@ -90,7 +92,7 @@ use ::cudarc::driver::{
 };
 use bytemuck::Pod;
 
-use crate::device::Device;
+use crate::device::{Context, Device};
 use crate::error::{DriverError, Error, check};
 use crate::physical::{Granularity, align_size, allocation_granularity};
 use crate::reservation::VirtualReservation;
@@ -111,7 +113,8 @@ use crate::view::DeviceSlice;
 ///
 /// # Errors
 /// Before `f` runs, [`Error::StreamRefused`] for a stream of a non-primary context, the per-thread
-/// default stream, or a stream capturing a graph; a driver error where the device or the capture
+/// default stream, or a stream capturing a graph, or where cudarc loaded another driver library
+/// than this crate links (checked once per process); a driver error where the device or the capture
 /// status cannot be read. After it, in this order: [`Error::StreamRefused`] where a lent view was
 /// refused to an operation (another stream, a copy between two contexts, a capture: the first such
 /// refusal, which explains whatever error cudarc returned for the operation); `f`'s error; the
@@ -236,10 +239,12 @@ impl<'env> Scope<'_, 'env> {
                 why: "it is the per-thread default stream, another stream on every thread",
             });
         }
+        let device = Device::get(context.ordinal())?;
+        same_driver(device, context.cu_ctx().addr())?;
         let state = State {
             stream,
             marker: context.default_stream(),
-            device: Device::get(context.ordinal())?,
+            device,
             refused: Mutex::new(None),
             _scope: PhantomData,
         };
@@ -411,6 +416,30 @@ impl State<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .take()
     }
+}
+
+/// Whether cudarc's driver is this crate's: 0 not known yet, 1 checked.
+static SAME_DRIVER: AtomicU8 = AtomicU8::new(0);
+
+/// `Ok` where `cudarc_context`, a primary context cudarc retained for `device`, is the primary
+/// context this crate's driver has for it: cudarc loads `libcuda` at run time, and a library other
+/// than the one this crate links would be a second driver, whose handles must never reach this
+/// crate's calls. Checked once per process (no handle of cudarc's is passed to the driver before),
+/// by retaining the primary context here as well: while both are retained, one driver answers with
+/// the same handle.
+fn same_driver(device: Device, cudarc_context: usize) -> Result<(), Error> {
+    if SAME_DRIVER.load(Ordering::Acquire) == 1 {
+        return Ok(());
+    }
+    let ours = Context::new(device)?;
+    if ours.as_raw().addr() != cudarc_context {
+        return Err(Error::StreamRefused {
+            why: "its context is not the device's primary context of this crate's driver: cudarc \
+                  loaded another CUDA driver library than the one this crate links",
+        });
+    }
+    SAME_DRIVER.store(1, Ordering::Release);
+    Ok(())
 }
 
 /// Ranges of address space that are reserved and never mapped, and never freed (a `static`'s value
