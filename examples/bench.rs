@@ -37,6 +37,12 @@
 //! crate's `Route::Auto` on plain views, which stages through pinned host memory (a reused `Staging`),
 //! against raw `cuMemcpyPeer`, which the driver then stages itself (the call `Route::Direct` used to
 //! make): a reference, goal "report".
+//!
+//! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
+//! cudarc's builder) over 1 GiB of VMM memory lent inside `cuda_vmm::interop::cudarc::scope`, the
+//! scope waiting for the stream, against the same launch over cudarc's own `CudaSlice` followed by
+//! `CudaStream::synchronize` (goal safe/raw >= 0.99). Not run, with a line saying why, where NVRTC
+//! cannot be loaded or the device has too little free memory.
 
 use core::ffi::c_void;
 use std::fmt::Write as _;
@@ -274,6 +280,8 @@ fn run() -> BenchResult<()> {
     owned_rows(ctx, g, &mut rows, &mut not_run)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
     host_and_ipc(ctx, &mut rows, &mut not_run)?;
+    #[cfg(feature = "cudarc")]
+    cudarc_rows(ctx, &mut rows, &mut not_run)?;
 
     report(&device.name()?, devices.len(), &rows, &not_run)
 }
@@ -1773,5 +1781,98 @@ fn small_copy_rows(
         paired: Some(paired),
         goal: "safe/raw <= 1.01",
     });
+    Ok(())
+}
+
+/// The cudarc interop: a kernel launched through cudarc's builder on VMM memory lent inside
+/// `interop::cudarc::scope` (which checks the lend, builds on the scope's stream and waits for it),
+/// against the same launch on cudarc's own `CudaSlice` and `CudaStream::synchronize`, on one stream.
+/// The kernel reads and writes every value once, so the rate is the bytes moved per second.
+#[cfg(feature = "cudarc")]
+fn cudarc_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
+    use cuda_vmm::interop::cudarc::scope;
+    use cuda_vmm::{ReadWrite, VirtualBuffer};
+    use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+
+    const SCALE: &str = r#"
+extern "C" __global__ void scale(float *x, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += stride)
+        x[i] = x[i] * 0.5f + 1.0f;
+}
+"#;
+    const BYTES: usize = GIB;
+    // SAFETY: tries to `dlopen` the NVRTC library under cudarc's candidate names, nothing more.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        not_run.push("cudarc kernel launch: the NVRTC library cannot be loaded".to_owned());
+        return Ok(());
+    }
+    let device = ctx.device();
+    if ctx.memory_info()?.0 < 2 * BYTES + HEADROOM {
+        not_run.push(format!(
+            "cudarc kernel launch: needs 2 x {} MiB free on GPU 0",
+            BYTES >> 20
+        ));
+        return Ok(());
+    }
+    let cu = CudaContext::new(device.ordinal())?;
+    let stream = cu.new_stream()?;
+    let kernel = cu
+        .load_module(cudarc::nvrtc::compile_ptx(SCALE)?)?
+        .load_function("scale")?;
+    let n = u64::try_from(BYTES / 4)?;
+    let cfg = LaunchConfig {
+        grid_dim: (1024, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut buffer = VirtualBuffer::new(BYTES, &[device], ReadWrite)?;
+    buffer.grow(device, BYTES)?;
+    let mut view = buffer.slice_mut::<f32>(..)?;
+    let mut slice = stream.alloc_zeros::<f32>(BYTES / 4)?;
+    scope(&stream, |s| -> BenchResult<()> {
+        stream.memset_zeros(&mut s.lend_mut(&mut view)?)?;
+        Ok(())
+    })?;
+
+    let mut vmm = || -> BenchResult<()> {
+        scope(&stream, |s| -> BenchResult<()> {
+            let mut x = s.lend_mut(&mut view)?;
+            // SAFETY: `scale(float *x, unsigned long long n)` takes these two, in this order, and
+            // touches `x[0..n)`, the lent view's `n` values; launched on the scope's stream.
+            unsafe { s.launch_builder(&kernel)?.arg(&mut x).arg(&n).launch(cfg) }?;
+            Ok(())
+        })
+    };
+    let mut own = || -> BenchResult<()> {
+        // SAFETY: as above, over cudarc's own `n` values; the stream is waited for before this
+        // returns, as the scope does.
+        unsafe {
+            stream
+                .launch_builder(&kernel)
+                .arg(&mut slice)
+                .arg(&n)
+                .launch(cfg)
+        }?;
+        stream.synchronize()?;
+        Ok(())
+    };
+    warm_up(0.5, &mut vmm, &mut own)?;
+    let (safe, raw_t, paired) = race_paired(300, &mut vmm, &mut own)?;
+    rows.push(
+        Row::gbs(
+            format!(
+                "cudarc: kernel over {} MiB of VMM memory lent in a scope vs over cudarc's \
+                 CudaSlice + synchronize (GB/s moved)",
+                BYTES >> 20
+            ),
+            2 * BYTES,
+            safe,
+            raw_t,
+            "safe/raw >= 0.99",
+        )
+        .with_paired_times(paired),
+    );
     Ok(())
 }

@@ -1,35 +1,41 @@
 //! CUDA's `vectorAddMMAP` sample with the owned layer: three vectors, each one address range striped
 //! over every GPU's memory (page `i` of a vector, one granularity in size, lives on device
-//! `i % devices`), granted to every GPU, made by one constructor that returns them. A kernel
-//! (`examples/kernels/vec_add.ptx`) computes `c = a + b` on each GPU in turn, each time reading and
-//! writing the pages of every GPU's memory through the same three addresses.
+//! `i % devices`), granted to every GPU, made by one constructor that returns them. A kernel, CUDA C
+//! compiled at run time by NVRTC through cudarc, computes `c = a + b` on each GPU in turn, each time
+//! reading and writing the pages of every GPU's memory through the same three addresses, launched
+//! with cudarc's builder on views lent to a `cuda_vmm::interop::cudarc::scope`.
 //!
 //! The vectors are `VirtualBuffer`s: no lifetimes, so the constructor returns them like any value,
 //! and dropping them unmaps, releases and frees everything in the driver's order. Runs on one GPU too
-//! (the stripes are then all on it).
+//! (the stripes are then all on it). Says why and exits successfully where there is no GPU, or no
+//! NVRTC library to load.
 //!
-//! Run with `./with-libcuda cargo run --example vector_add_mmap`.
+//! Run with `./with-libcuda cargo run --features cudarc --example vector_add_mmap`.
 
 // Each example is its own crate, and this one uses only part of the shared module: not
 // `exit_code_with_cause`, `two_or_more_devices_or_none`, `verify_debug` or `AddOne`.
 #[allow(dead_code)]
 mod common;
 
-use core::ffi::c_void;
-use std::ffi::CString;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use common::{ExampleResult, check, devices_or_none, pattern, verify};
-use cuda_vmm::{
-    Context, Device, DeviceSlice, DeviceSliceMut, Error, Granularity, Module, ReadWrite,
-    VirtualBuffer, allocation_granularity,
-};
+use cuda_vmm::interop::cudarc::scope;
+use cuda_vmm::{Device, Error, Granularity, ReadWrite, VirtualBuffer, allocation_granularity};
+use cudarc::driver::{CudaContext, CudaFunction, DriverError, LaunchConfig, PushKernelArg, sys};
 
 /// Pages of each vector on each device.
 const PAGES_PER_DEVICE: usize = 2;
 
-/// `vec_add(u32 *c, const u32 *a, const u32 *b, u32 n)`: `c[i] = a[i] + b[i]` for `i < n`.
-const VEC_ADD_PTX: &str = include_str!("kernels/vec_add.ptx");
+/// `c[i] = a[i] + b[i]` for `i < n`, compiled by NVRTC when the example runs.
+const VEC_ADD_CU: &str = r#"
+extern "C" __global__ void vec_add(unsigned int *c, const unsigned int *a, const unsigned int *b,
+                                   unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"#;
 
 fn main() -> ExitCode {
     common::exit_code("vector_add_mmap", run())
@@ -100,21 +106,47 @@ fn run() -> ExampleResult {
         .map(|(x, y)| x.wrapping_add(*y))
         .collect();
 
+    // SAFETY: tries to `dlopen` the NVRTC library under cudarc's candidate names, nothing more.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        println!(
+            "the NVRTC library (libnvrtc.so) cannot be loaded: no kernel to compile; skipped (the \
+             hand-written PTX examples, such as cross_gpu_vmm_roundtrip, need no NVRTC)"
+        );
+        return Ok(());
+    }
+    let ptx = cudarc::nvrtc::compile_ptx(VEC_ADD_CU)?;
+    let n32 = u32::try_from(n)?;
     for &device in &devices {
         let gpu = device.ordinal();
-        let context = Context::new(device)?;
-        let module = Module::load_ptx(&context, &CString::new(VEC_ADD_PTX)?)?;
+        let ctx = CudaContext::new(gpu)?; // the device's primary context, as this crate's
+        let Some(vec_add) = load(&ctx, ptx.clone(), "vec_add")? else {
+            return Ok(());
+        };
+        let stream = ctx.new_stream()?;
         c.slice_mut::<u32>(..)?.copy_from_host(&vec![0; n])?;
-        // SAFETY: `a`, `b` and `c` are three distinct buffers, so the views do not overlap, and
-        // nothing else runs on them during the call.
-        unsafe {
-            vec_add(
-                &module,
-                &mut c.slice_mut_on::<u32>(.., device)?,
-                &a.slice_on::<u32>(.., device)?,
-                &b.slice_on::<u32>(.., device)?,
-            )
-        }?;
+        let mut c_view = c.slice_mut_on::<u32>(.., device)?;
+        let (a_view, b_view) = (
+            a.slice_on::<u32>(.., device)?,
+            b.slice_on::<u32>(.., device)?,
+        );
+        scope(&stream, |s| -> ExampleResult {
+            // Lent until the scope has waited for `stream`; each lend checks that this GPU reaches
+            // the view's memory (every page is granted to every GPU).
+            let (mut lc, la, lb) = (s.lend_mut(&mut c_view)?, s.lend(a_view)?, s.lend(b_view)?);
+            // SAFETY: `vec_add(unsigned *c, const unsigned *a, const unsigned *b, unsigned n)`
+            // takes these four, in this order, and touches the first `n` values of each view, which
+            // is every view's length; it writes only `c`, lent exclusively, which overlaps neither
+            // source (three buffers). Launched on the scope's stream (`launch_builder`).
+            unsafe {
+                s.launch_builder(&vec_add)?
+                    .arg(&mut lc)
+                    .arg(&la)
+                    .arg(&lb)
+                    .arg(&n32)
+                    .launch(LaunchConfig::for_num_elems(n32))
+            }?;
+            Ok(())
+        })?; // the kernel has finished: the scope waited for the stream
         let result = c.slice::<u32>(..)?.to_vec()?;
         verify(
             &format!("  GPU {gpu} added {n} values over the stripes of every GPU"),
@@ -134,47 +166,19 @@ fn run() -> ExampleResult {
     Ok(())
 }
 
-/// Runs `vec_add` on the module's device: `c[i] = a[i] + b[i]`; returns when the kernel has finished.
-///
-/// # Safety
-/// `c` does not overlap `a` or `b`, and nothing but this kernel writes any of them until this returns.
-unsafe fn vec_add(
-    module: &Module<'_>,
-    c: &mut DeviceSliceMut<'_, u32>,
-    a: &DeviceSlice<'_, u32>,
-    b: &DeviceSlice<'_, u32>,
-) -> ExampleResult {
-    let device = module.device();
-    if [c.device(), a.device(), b.device()] != [device; 3] {
-        return Err("vec_add was given a view for another device".into());
+/// The kernel `name` of `ptx`, loaded in `ctx`; `None` after saying why where the driver is older
+/// than the NVRTC that wrote the PTX.
+fn load(
+    ctx: &Arc<CudaContext>,
+    ptx: cudarc::nvrtc::Ptx,
+    name: &str,
+) -> ExampleResult<Option<CudaFunction>> {
+    match ctx.load_module(ptx) {
+        Ok(module) => Ok(Some(module.load_function(name)?)),
+        Err(e) if e == DriverError(sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) => {
+            println!("this NVRTC writes PTX newer than the driver loads ({e}); skipped");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
     }
-    if a.len() != c.len() || b.len() != c.len() {
-        return Err("vec_add: the vectors' lengths differ".into());
-    }
-    let mut n = u32::try_from(c.len())?;
-    if n == 0 {
-        return Ok(());
-    }
-    let function = module.function(c"vec_add")?;
-    let (mut c_ptr, mut a_ptr, mut b_ptr) = (c.as_raw_ptr(), a.as_raw_ptr(), b.as_raw_ptr());
-    let mut params = [
-        (&raw mut c_ptr).cast::<c_void>(),
-        (&raw mut a_ptr).cast::<c_void>(),
-        (&raw mut b_ptr).cast::<c_void>(),
-        (&raw mut n).cast::<c_void>(),
-    ];
-    let block = 256;
-    // SAFETY:
-    // - Parameter types: `vec_add` declares (.u64 c, .u64 a, .u64 b, .u32 n); `params` points, in
-    //   that order, at three u64 device addresses and a u32, alive for the call.
-    // - Reachability for the whole launch: the three views are views for the module's device
-    //   (checked above), the device the launch runs on; a buffer hands out a view for a device only
-    //   where every byte of it is mapped and granted to that device (its access set), and the views
-    //   borrow their buffers, so nothing is unmapped or revoked while the kernel runs. The kernel
-    //   touches the first `n` elements of each, and `n` is every view's length (checked above).
-    // - No other writer: `c` is an exclusive view, and the caller guarantees (`# Safety`) that it
-    //   overlaps neither source and that nothing else writes them during the call; `launch`
-    //   returns only once the kernel has finished.
-    unsafe { function.launch((n.div_ceil(block), 1, 1), (block, 1, 1), &mut params) }?;
-    Ok(())
 }

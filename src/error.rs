@@ -569,6 +569,15 @@ pub enum Error {
     /// both events of [`Event::elapsed_ms`](crate::Event::elapsed_ms) must come from
     /// [`Event::timed`](crate::Event::timed). Checked before any driver call.
     NotTimed,
+    /// A stream of another library (cudarc, behind the `cudarc` feature) cannot take this crate's
+    /// memory, or was given it where its scope does not wait for the work: the scope's stream is of
+    /// a non-primary context, the per-thread default stream or capturing a graph, or a lent view was
+    /// asked for its address for another stream. Checked before the work is queued; a view refused
+    /// this way gives the work the address of a range that is never mapped, never its memory.
+    StreamRefused {
+        /// Why, in words.
+        why: &'static str,
+    },
 }
 
 impl Error {
@@ -684,6 +693,9 @@ impl fmt::Display for Error {
                 f,
                 "an event made without timing (Event::new) cannot be timed: make both with Event::timed"
             ),
+            Error::StreamRefused { why } => {
+                write!(f, "the stream cannot take this crate's memory: {why}")
+            }
         }
     }
 }

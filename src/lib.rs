@@ -74,6 +74,8 @@
 //! | work queued inside [`scope`] borrows its views, host memory and kernel until the scope has waited for it: nothing lent is dropped, freed, unmapped or regranted meanwhile, and what queued work writes is not touched at all | a queued copy or kernel on unmapped, revoked or freed memory; DMA into freed host memory, or racing a host access | `stream/view_written_while_lent`, `stream/view_dropped_while_lent`, `stream/mapping_unmapped_while_lent`, `stream/buffer_shrunk_while_lent`, `stream/grant_changed_while_lent`, `stream/host_buffer_dropped_while_lent`, `stream/host_buffer_read_while_download_queued`, `stream/module_unloaded_while_kernel_queued` |
 //! | only what outlives a scope is lent to its work, and a [`ScopedStream`] does not leave its scope (`'scope` is invariant) | queued work outliving what it uses | `stream/closure_local_lent_to_queued_work`, `stream/scoped_stream_escapes_scope` |
 //! | queued work writes only through writable views | writes into a read-only mapping, failing on the stream | `stream/read_only_view_lent_for_writing` |
+//! | a view lent to cudarc (`interop::cudarc::scope`, feature `cudarc`) keeps its mapping, grant and owner until the scope has waited for its stream, and does not leave the scope | cudarc's queued work on unmapped or revoked memory | `cudarc/view_unmapped_while_queued`, `cudarc/lent_view_escapes_scope` |
+//! | a read-only view lent to cudarc is no cudarc copy destination (`DevicePtrMut`) and no written kernel argument | writes into a read-only mapping | `cudarc/read_only_view_copied_into`, `cudarc/read_only_view_written_by_kernel` |
 //!
 //! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
 //! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
@@ -85,7 +87,9 @@
 //! reaches the other view's memory ([`DeviceSlice::reachable_from`]), and is refused with
 //! [`Error::NoPeerAccess`] before any driver call where neither does. Work queued on a stream is
 //! checked the same way: the stream's device must reach every view ([`Error::NoPeerAccess`]) and own
-//! the kernel and a recorded event ([`Error::DeviceMismatch`]).
+//! the kernel and a recorded event ([`Error::DeviceMismatch`]). A view lent to cudarc gives its
+//! address only to work on its scope's stream outside a graph capture; cudarc's traits cannot fail,
+//! so anything else gets a never-mapped address and the scope returns [`Error::StreamRefused`].
 //!
 //! Static facts (thread-safety of each type, sizes equal to the raw handles) are asserted in
 //! `tests/static_facts.rs`. `mem::forget` is safe and stays harmless: forgetting a mapping leaks its range
@@ -138,6 +142,8 @@ mod buffer;
 mod device;
 mod error;
 mod host;
+#[cfg(feature = "cudarc")]
+pub mod interop;
 #[cfg(unix)]
 mod ipc;
 mod mapping;

@@ -35,6 +35,12 @@ pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
 pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
+// `CUstreamCaptureStatus`: not capturing (the others are ACTIVE 1 and INVALIDATED 2).
+#[cfg(feature = "cudarc")]
+pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
+// `CU_STREAM_PER_THREAD`: the calling thread's default stream, whichever thread that is.
+#[cfg(feature = "cudarc")]
+pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
 // `CUmemAccess_flags`
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READ: u32 = 1;
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: u32 = 3;
@@ -228,6 +234,9 @@ unsafe extern "C" {
     pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
 
     pub(crate) fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    /// `status` is a `CUstreamCaptureStatus`, read as an integer.
+    #[cfg(feature = "cudarc")]
+    pub(crate) fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint) -> CUresult;
     pub(crate) fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
     pub(crate) fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
     pub(crate) fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;

@@ -164,3 +164,16 @@ assert_not_impl_any!(cuda_vmm::Scope<'static, 'static>: Clone, Copy);
 assert_impl_all!(cuda_vmm::ScopedStream<'static>: Send, Sync, Copy);
 assert_eq_size!(cuda_vmm::ScopedStream<'static>, &cuda_vmm::Stream);
 assert_impl_all!(cuda_vmm::HostInFlight<'static, u32>: Send, Sync, Copy);
+// The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only
+// lent view is a `Copy` handle, as a `DeviceSlice` is; a writable one is exclusive, as a
+// `DeviceSliceMut` is, and a copy of it would be a second writer.
+#[cfg(feature = "cudarc")]
+mod cudarc_interop {
+    use cuda_vmm::interop::cudarc::{Lent, LentMut, Scope};
+    use static_assertions::{assert_impl_all, assert_not_impl_any};
+    assert_impl_all!(Scope<'static, 'static>: Send, Sync);
+    assert_not_impl_any!(Scope<'static, 'static>: Clone, Copy);
+    assert_impl_all!(Lent<'static, u32>: Send, Sync, Copy);
+    assert_impl_all!(LentMut<'static, u32>: Send, Sync);
+    assert_not_impl_any!(LentMut<'static, u32>: Clone, Copy);
+}

@@ -1,0 +1,8 @@
+//! Interoperation with other CUDA libraries of the Rust ecosystem, each behind a cargo feature of its
+//! name and off by default, so the core keeps its dependencies.
+//!
+//! - [`cudarc`](mod@cudarc) (feature `cudarc`): views lent to cudarc's streams, kernel launches and
+//!   libraries (cuBLAS, ...) inside [`cudarc::scope`].
+
+#[cfg(feature = "cudarc")]
+pub mod cudarc;

@@ -1,0 +1,599 @@
+//! [cudarc](https://docs.rs/cudarc) 0.19 interop (feature `cudarc`): this crate's views lent to
+//! cudarc's streams, kernel launches and libraries (cuBLAS, ...) inside [`scope`].
+//!
+//! # The model
+//! cudarc takes device memory through its own traits: [`DevicePtr`] (read) and [`DevicePtrMut`]
+//! (written) for its copies and libraries, [`PushKernelArg`] for kernel arguments. A
+//! [`DeviceSlice`] or [`DeviceSliceMut`](crate::DeviceSliceMut) (of a grant, a
+//! [`VirtualBuffer`](crate::VirtualBuffer) or a [`DeviceBuffer`](crate::DeviceBuffer)) does not
+//! implement them: cudarc queues work and returns at once, and a view's borrow may end right after,
+//! so the memory could be unmapped or revoked under the queued work. Instead, [`scope`] takes one
+//! cudarc stream and waits for it before it returns, as [`crate::scope`] does for this crate's
+//! streams; inside, [`Scope::lend`] and [`Scope::lend_mut`] turn views into [`Lent`] and
+//! [`LentMut`], which borrow the view for the rest of the scope and implement cudarc's traits:
+//!
+//! | lent value | [`DevicePtr`] (read) | [`DevicePtrMut`] (written) | kernel argument |
+//! | --- | --- | --- | --- |
+//! | [`Lent`], from a read-only or a writable view | yes | no: a read-only grant gives nothing cudarc writes | `&lent` |
+//! | [`LentMut`], from a writable view, lent exclusively | yes | yes | `&lent` (read), `&mut lent` (written) |
+//!
+//! ```no_run
+//! use cuda_vmm::{Device, ReadWrite, VirtualBuffer, interop::cudarc::scope};
+//! use cudarc::driver::CudaContext;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = CudaContext::new(0)?; // the device's primary context, as this crate's `Context`
+//! let stream = ctx.new_stream()?;
+//! let mut buffer = VirtualBuffer::new(1 << 30, &[Device::get(0)?], ReadWrite)?;
+//! let page = buffer.grow(Device::get(0)?, 2 << 20)?;
+//! let mut view = buffer.slice_mut::<f32>(page..page + (2 << 20))?;
+//! let mut host = vec![0f32; view.len()];
+//! scope(&stream, |s| -> Result<(), Box<dyn std::error::Error>> {
+//!     let mut lent = s.lend_mut(&mut view)?; // borrowed until the stream has been waited for
+//!     stream.memcpy_htod(&vec![1f32; host.len()], &mut lent)?; // cudarc's own copy
+//!     stream.memcpy_dtoh(&lent, &mut host)?;
+//!     Ok(())
+//! })?; // waits for `stream`; only then does the borrow of `view` end
+//! assert!(host.iter().all(|&x| x == 1.0));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Why it is sound, with cudarc's event tracking and under `mem::forget`
+//! cudarc's own [`CudaSlice`](::cudarc::driver::CudaSlice) tracks its uses with events: `device_ptr`
+//! makes the stream wait for the slice's last write, and returns a [`SyncOnDrop`] guard that records
+//! the slice's read (or write) event once the operation is queued; the slice's `Drop` waits for
+//! those events before a stream-ordered free. That rests on two `Drop`s running, and on the memory's
+//! end being stream-ordered. Neither holds here: a guard can be forgotten, and `cuMemUnmap` or a
+//! revoking `cuMemSetAccess` is not ordered with any stream. So the guard a lent view returns is
+//! empty (`SyncOnDrop::Sync(None)`), and nothing depends on any `Drop`:
+//!
+//! - **The wait is in `scope`'s frame**, after the closure returns or while a panic unwinds through
+//!   it, as in [`crate::scope`]. A lent value borrows its view for `'scope`, which lasts until that
+//!   wait; `'scope` is invariant and higher-ranked, so no lent value leaves the closure and nothing
+//!   the closure owns can be lent. Forgetting a lent value, a guard or the scope handle changes
+//!   nothing.
+//! - **Only the scope's stream gets the address.** `device_ptr` and `device_ptr_mut` receive the
+//!   stream the operation will run on; they hand out the view's address only for the scope's own
+//!   stream (the `CudaStream` given to [`scope`], through any clone of its `Arc`), and only while it
+//!   is not capturing a graph (a graph could run the work after the scope). For any other stream,
+//!   and for cudarc's copy between two contexts (which asks a source for its address with the
+//!   source's own [`stream`](::cudarc::driver::DeviceSlice::stream) and then reads on the
+//!   destination's stream), they cannot return an error, so they return the address of a range
+//!   that is reserved and never mapped: the operation fails or faults, and touches no memory. The
+//!   scope then returns [`Error::StreamRefused`].
+//! - **Kernel launches** ([`LaunchArgs::launch`]) are `unsafe` in cudarc, and [`PushKernelArg`] is
+//!   not told the stream: the launch's contract gains one condition for lent arguments, that it runs
+//!   on the scope's stream and is not captured into a graph ([`Scope::launch_builder`] makes a
+//!   builder on that stream, after checking that it is not capturing; beginning a capture between
+//!   the builder and the launch breaks the condition).
+//!
+//! # Contexts and streams
+//! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
+//! context (`cuDevicePrimaryCtxRetain`), as this crate's [`Context`] does: one context per device,
+//! one driver (cudarc loads the `libcuda` this crate links, so its handles are this crate's
+//! handles: `tests/cudarc.rs` compares them, and the first [`scope`] of the process checks it
+//! before any of cudarc's handles reaches this crate's driver calls). Each side holds its own
+//! retain, so either may be dropped first: the primary context lives until the last retain of
+//! either side ends. A [`VirtualBuffer`](crate::VirtualBuffer) keeps the contexts of its access set
+//! retained itself, so dropping every cudarc context does not reset a context under its memory.
+//! [`scope`] accepts only streams of primary contexts, and not the per-thread default stream (whose
+//! handle means another stream on every thread).
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::ptr;
+use core::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ::cudarc::driver::{
+    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice as CudarcSlice, LaunchArgs,
+    PushKernelArg, SyncOnDrop,
+};
+use bytemuck::Pod;
+
+use crate::device::{Context, Device};
+use crate::error::{DriverError, Error, check};
+use crate::physical::{Granularity, align_size, allocation_granularity};
+use crate::reservation::VirtualReservation;
+use crate::stream::{ScopedRead, ScopedWrite};
+use crate::sys;
+use crate::view::DeviceSlice;
+
+/// `cuStreamSynchronize` on `stream` when `f` returns — lend views to work queued on a cudarc
+/// stream, and wait for it before returning.
+///
+/// `f` receives the [`Scope`]; [`Scope::lend`] and [`Scope::lend_mut`] turn views into values that
+/// cudarc's copies, libraries and kernel launches take ([`Lent`], [`LentMut`]), borrowed for the rest
+/// of the scope. When `f` returns, or panics, `scope` waits for `stream`, then returns. The model,
+/// and why it is sound, are in the [module documentation](self).
+///
+/// `f` returns any error type that this crate's [`Error`] converts into (`Box<dyn Error>`, or an
+/// application's own), so that cudarc's errors and this crate's can both be returned with `?`.
+///
+/// # Errors
+/// Before `f` runs, [`Error::StreamRefused`] for a stream of a non-primary context, the per-thread
+/// default stream, or a stream capturing a graph, or where cudarc loaded another driver library
+/// than this crate links (checked once per process); a driver error where the device or the capture
+/// status cannot be read. After it, in this order: [`Error::StreamRefused`] where a lent view was
+/// refused to an operation (another stream, a copy between two contexts, a capture: the first such
+/// refusal, which explains whatever error cudarc returned for the operation); `f`'s error; the
+/// driver's error of the wait (a sticky error of earlier work, see
+/// [When a wait fails](crate::scope#when-a-wait-fails)).
+///
+/// # Panics
+/// Resumes a panic of `f`, after waiting for the stream.
+///
+/// # Examples
+/// A lent view cannot be unmapped, or outlive its mapping, while cudarc may still use it:
+/// ```compile_fail,E0505
+/// # use cuda_vmm::{Context, Device, Granularity, PhysicalAllocation, ReadWrite, VirtualReservation};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let device = Device::get(0)?;
+/// # let context = Context::new(device)?;
+/// # let size = cuda_vmm::allocation_granularity(device, Granularity::Minimum)?;
+/// # let memory = PhysicalAllocation::new(device, size)?;
+/// # let mut reservation = VirtualReservation::new(size, 0)?;
+/// let stream = cudarc::driver::CudaContext::new(0)?.new_stream()?;
+/// let mut mapping = reservation.region().map(&memory)?;
+/// let mut access = mapping.grant(&context, ReadWrite)?;
+/// let mut view = access.slice_mut::<u32>()?;
+/// cuda_vmm::interop::cudarc::scope(&stream, |s| -> Result<(), Box<dyn std::error::Error>> {
+///     stream.memset_zeros(&mut s.lend_mut(&mut view)?)?; // queued, not done
+///     mapping.unmap()?; // the memset may still be writing
+///     Ok(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+#[doc(alias = "cuStreamSynchronize")]
+pub fn scope<'env, F, R, E>(stream: &'env Arc<CudaStream>, f: F) -> Result<R, E>
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R, E>,
+    E: From<Error>,
+{
+    let scope = Scope::enter(stream)?;
+    // Local to this frame, never seen by `f`: if `f` panics, its `Drop` waits while the panic
+    // unwinds through here, before any borrow lent to the scope ends.
+    let guard = WaitOnUnwind(&scope.state);
+    let result = f(&scope);
+    let waited = guard.wait();
+    if let Some(refusal) = scope.state.take_refusal() {
+        return Err(refusal.into());
+    }
+    let value = result?;
+    waited?;
+    Ok(value)
+}
+
+/// Waits for the scope's stream when dropped, which happens only while a panic unwinds through
+/// [`scope`]; on a normal return [`WaitOnUnwind::wait`] takes its place and reports the error.
+struct WaitOnUnwind<'a, 'scope>(&'a State<'scope>);
+
+impl WaitOnUnwind<'_, '_> {
+    fn wait(self) -> Result<(), Error> {
+        let this = core::mem::ManuallyDrop::new(self);
+        this.0.wait()
+    }
+}
+
+impl Drop for WaitOnUnwind<'_, '_> {
+    fn drop(&mut self) {
+        // Unwinding: the error cannot be returned, and the panic goes on once the stream is waited
+        // for.
+        let _ = self.0.wait();
+    }
+}
+
+/// The scope of [`scope`]: it lends views to the work queued on its cudarc stream, and waits for
+/// that stream before [`scope`] returns.
+///
+/// # Lifetimes
+/// As [`crate::Scope`]: `'scope` is the scope itself (until the stream has been waited for), `'env`
+/// what it borrows from outside (the stream, the views). Both are invariant.
+pub struct Scope<'scope, 'env: 'scope> {
+    state: State<'scope>,
+    /// Invariant in `'env`, as `std::thread::Scope`. `Send` and `Sync`.
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+/// What lent values share with their scope.
+struct State<'scope> {
+    /// The stream the scope waits for: the only one lent views give their address to.
+    stream: &'scope Arc<CudaStream>,
+    /// What a lent view answers when cudarc asks for its stream (to learn its context): the legacy
+    /// default stream of the scope's context, a `CudaStream` value of its own. cudarc's copy between
+    /// two contexts asks a source for its address *with this stream*, and then reads on another;
+    /// being a different value from [`State::stream`], it is refused. It owns nothing: dropping it,
+    /// or a clone that cudarc's user kept, destroys no stream.
+    marker: Arc<CudaStream>,
+    device: Device,
+    /// The first refusal of a lent view, returned by [`scope`].
+    refused: Mutex<Option<Error>>,
+    /// Invariant in `'scope`: a lent value can neither leave the closure nor hold a borrow that ends
+    /// before the wait. `Send` and `Sync`.
+    _scope: PhantomData<&'scope mut &'scope ()>,
+}
+
+impl fmt::Debug for Scope<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("stream", &self.state.stream.cu_stream())
+            .field("device", &self.state.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'env> Scope<'_, 'env> {
+    /// The checks before the closure runs.
+    fn enter(stream: &'env Arc<CudaStream>) -> Result<Self, Error> {
+        let context = stream.context();
+        if !context.is_primary() {
+            return Err(Error::StreamRefused {
+                why: "its context is not a primary context (CudaContext::new retains one; this \
+                      crate works in primary contexts)",
+            });
+        }
+        if stream.cu_stream().addr() == sys::CU_STREAM_PER_THREAD {
+            return Err(Error::StreamRefused {
+                why: "it is the per-thread default stream, another stream on every thread",
+            });
+        }
+        let device = Device::get(context.ordinal())?;
+        same_driver(device, context.cu_ctx().addr())?;
+        let state = State {
+            stream,
+            marker: context.default_stream(),
+            device,
+            refused: Mutex::new(None),
+            _scope: PhantomData,
+        };
+        state.not_capturing()?;
+        Ok(Scope {
+            state,
+            _env: PhantomData,
+        })
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// The stream the scope waits for: the stream to queue work with lent views on.
+    #[must_use]
+    pub fn stream(&self) -> &'scope Arc<CudaStream> {
+        self.state.stream
+    }
+
+    /// The device of the scope's stream.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.state.device
+    }
+
+    /// Lends `view` for reading to the work queued on the scope's stream, for the rest of the scope:
+    /// a `DeviceSlice<'scope, T>`, a `&'scope DeviceSlice<'_, T>` or a `&'scope DeviceSliceMut<'_, T>`
+    /// ([`ScopedRead`]).
+    ///
+    /// # Errors
+    /// [`Error::NoPeerAccess`] where the stream's device does not reach the view's memory
+    /// ([`DeviceSlice::reachable_from`]); a driver error where the range refused views answer with
+    /// cannot be reserved (once per process, at least 1 GiB of address space and no memory).
+    pub fn lend<T: Pod>(
+        &'scope self,
+        view: impl ScopedRead<'scope, T>,
+    ) -> Result<Lent<'scope, T>, Error> {
+        let view = view.lend();
+        let never_mapped = self.state.admit_view(&view)?;
+        Ok(Lent {
+            ptr: view.as_raw_ptr(),
+            never_mapped,
+            view,
+            state: &self.state,
+        })
+    }
+
+    /// Lends `view` for writing, exclusively, to the work queued on the scope's stream, for the rest
+    /// of the scope: a `&'scope mut DeviceSliceMut<'_, T>` or a `DeviceSliceMut<'scope, T>`
+    /// ([`ScopedWrite`]). A read-only view ([`DeviceSlice`]) is not one: a read-only grant gives
+    /// nothing that cudarc writes.
+    ///
+    /// # Errors
+    /// As [`lend`](Scope::lend).
+    pub fn lend_mut<T: Pod>(
+        &'scope self,
+        view: impl ScopedWrite<'scope, T>,
+    ) -> Result<LentMut<'scope, T>, Error> {
+        let view = view.lend_mut();
+        let never_mapped = self.state.admit_view(&view)?;
+        Ok(LentMut {
+            ptr: view.as_raw_ptr(),
+            never_mapped,
+            view,
+            state: &self.state,
+        })
+    }
+
+    /// cudarc's kernel launch builder ([`CudaStream::launch_builder`]) on the scope's stream, the
+    /// stream [`LaunchArgs::launch`] must run lent arguments on (and not under a graph capture
+    /// begun after this call).
+    ///
+    /// # Errors
+    /// [`Error::StreamRefused`] where the stream is capturing a graph, which could launch the
+    /// kernel after the scope; a driver error where the capture status cannot be read.
+    pub fn launch_builder<'a>(
+        &'a self,
+        function: &'a CudaFunction,
+    ) -> Result<LaunchArgs<'a>, Error> {
+        self.state.not_capturing()?;
+        Ok(self.state.stream.launch_builder(function))
+    }
+}
+
+impl State<'_> {
+    /// `cuCtxSetCurrent` of the scope's context: the primary context cudarc retained for the stream,
+    /// alive while the stream is.
+    fn bind(&self) -> Result<(), DriverError> {
+        let context: sys::CUcontext = self.stream.context().cu_ctx().cast();
+        // SAFETY: a context that the stream's `CudaContext` keeps retained, and the stream is
+        // borrowed for the whole scope.
+        check(unsafe { sys::cuCtxSetCurrent(context) })
+    }
+
+    fn raw_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream().cast()
+    }
+
+    /// `cuStreamSynchronize` of the scope's stream.
+    fn wait(&self) -> Result<(), Error> {
+        self.bind()?;
+        // SAFETY: a stream of the current context (bound just above), alive for the whole scope:
+        // the `CudaStream` is borrowed for it (or the context's legacy default stream, which lives
+        // as long as the context).
+        check(unsafe { sys::cuStreamSynchronize(self.raw_stream()) })?;
+        Ok(())
+    }
+
+    /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`, read as an
+    /// integer).
+    fn not_capturing(&self) -> Result<(), Error> {
+        self.bind()?;
+        let mut status: u32 = sys::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `status` is writable for the call; the stream is alive and of the current context
+        // (as in `wait`). The status is read as an integer, never as an enum.
+        check(unsafe { sys::cuStreamIsCapturing(self.raw_stream(), &raw mut status) })?;
+        if status == sys::CU_STREAM_CAPTURE_STATUS_NONE {
+            Ok(())
+        } else {
+            Err(Error::StreamRefused {
+                why: "it is capturing a graph, which could run the work after the scope",
+            })
+        }
+    }
+
+    /// The checks of [`Scope::lend`]: the scope's device reaches the view; returns the address of a
+    /// never-mapped range at least as large as the view.
+    fn admit_view<T>(&self, view: &DeviceSlice<'_, T>) -> Result<u64, Error>
+    where
+        T: Pod,
+    {
+        if !view.reachable_from(self.device) {
+            return Err(Error::NoPeerAccess {
+                device: self.device.as_raw(),
+                owner: view.device().as_raw(),
+            });
+        }
+        let bytes = view
+            .len()
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::Overflow { what: "view size" })?;
+        never_mapped(bytes, self.device)
+    }
+
+    /// The address an operation on `stream` gets: `ptr` for the scope's own stream while it is not
+    /// capturing, `never_mapped` (and a refusal the scope returns) otherwise.
+    fn address(&self, stream: &CudaStream, ptr: u64, never_mapped: u64) -> u64 {
+        let admitted = if ptr::eq(stream, Arc::as_ptr(self.stream)) {
+            self.not_capturing()
+        } else {
+            Err(Error::StreamRefused {
+                why: "a lent view was asked for its address for another stream than its scope's \
+                      (queue the work on Scope::stream; a copy between two contexts reads on the \
+                      destination's stream, so lend both views in a scope on that stream)",
+            })
+        };
+        match admitted {
+            Ok(()) => ptr,
+            Err(error) => {
+                let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+                refused.get_or_insert(error);
+                never_mapped
+            }
+        }
+    }
+
+    fn take_refusal(&self) -> Option<Error> {
+        self.refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// Whether cudarc's driver is this crate's: 0 not known yet, 1 checked.
+static SAME_DRIVER: AtomicU8 = AtomicU8::new(0);
+
+/// `Ok` where `cudarc_context`, a primary context cudarc retained for `device`, is the primary
+/// context this crate's driver has for it: cudarc loads `libcuda` at run time, and a library other
+/// than the one this crate links would be a second driver, whose handles must never reach this
+/// crate's calls. Checked once per process (no handle of cudarc's is passed to the driver before),
+/// by retaining the primary context here as well: while both are retained, one driver answers with
+/// the same handle.
+fn same_driver(device: Device, cudarc_context: usize) -> Result<(), Error> {
+    if SAME_DRIVER.load(Ordering::Acquire) == 1 {
+        return Ok(());
+    }
+    let ours = Context::new(device)?;
+    if ours.as_raw().addr() != cudarc_context {
+        return Err(Error::StreamRefused {
+            why: "its context is not the device's primary context of this crate's driver: cudarc \
+                  loaded another CUDA driver library than the one this crate links",
+        });
+    }
+    SAME_DRIVER.store(1, Ordering::Release);
+    Ok(())
+}
+
+/// Ranges of address space that are reserved and never mapped, and never freed (a `static`'s value
+/// is never dropped): a refused lent view answers with an address in one, so that work queued where
+/// the scope does not wait for it touches no memory at all.
+static NEVER_MAPPED: Mutex<Vec<VirtualReservation>> = Mutex::new(Vec::new());
+
+/// The smallest never-mapped range: one serves every view up to this size.
+const NEVER_MAPPED_MINIMUM: usize = 1 << 30;
+
+/// The base of a never-mapped range of at least `bytes`, reserved once per process (and again only
+/// for a larger view).
+fn never_mapped(bytes: usize, device: Device) -> Result<u64, Error> {
+    let mut ranges = NEVER_MAPPED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(range) = ranges.iter().find(|r| r.size() >= bytes) {
+        return Ok(range.base());
+    }
+    let granularity = allocation_granularity(device, Granularity::Minimum)?;
+    let range =
+        VirtualReservation::new(align_size(bytes.max(NEVER_MAPPED_MINIMUM), granularity)?, 0)?;
+    let base = range.base();
+    ranges.push(range);
+    Ok(base)
+}
+
+/// A view lent for reading to the work queued on a [`scope`]'s cudarc stream: cudarc's
+/// [`DevicePtr`] for its copies and libraries, and `&lent` as a kernel argument ([`PushKernelArg`]).
+/// Made by [`Scope::lend`]; it borrows the view for the rest of the scope.
+///
+/// # Lifetimes
+/// `'scope` is the scope's: invariant, so the value can neither leave the closure nor hold a borrow
+/// that ends before the scope's wait.
+pub struct Lent<'scope, T> {
+    /// The view's address, kept in the value so that a kernel argument can point at it.
+    ptr: u64,
+    /// What a refused operation gets instead: a never-mapped range at least as large.
+    never_mapped: u64,
+    /// The view, borrowed for the scope.
+    view: DeviceSlice<'scope, T>,
+    state: &'scope State<'scope>,
+}
+
+/// A view lent for writing, exclusively, to the work queued on a [`scope`]'s cudarc stream: cudarc's
+/// [`DevicePtr`] and [`DevicePtrMut`], and `&lent` (read) or `&mut lent` (written) as a kernel
+/// argument. Made by [`Scope::lend_mut`] from a writable view; it borrows it exclusively for the
+/// rest of the scope.
+///
+/// # Lifetimes
+/// As [`Lent`].
+pub struct LentMut<'scope, T> {
+    ptr: u64,
+    never_mapped: u64,
+    /// The writable view's memory, lent exclusively for the scope (seen as read-only, as a queued
+    /// write of [`crate::ScopedStream`] returns it).
+    view: DeviceSlice<'scope, T>,
+    state: &'scope State<'scope>,
+}
+
+impl<T> Clone for Lent<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Lent<'_, T> {}
+
+impl<T: Pod> fmt::Debug for Lent<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Lent").field(&self.view).finish()
+    }
+}
+
+impl<T: Pod> fmt::Debug for LentMut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LentMut").field(&self.view).finish()
+    }
+}
+
+impl<T: Pod> CudarcSlice<T> for Lent<'_, T> {
+    fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    /// The legacy default stream of the scope's context, which cudarc asks for the view's context:
+    /// not the scope's stream, and refused the view's address. Queue work on [`Scope::stream`].
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.state.marker
+    }
+}
+
+impl<T: Pod> CudarcSlice<T> for LentMut<'_, T> {
+    fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    /// The legacy default stream of the scope's context, which cudarc asks for the view's context:
+    /// not the scope's stream, and refused the view's address. Queue work on [`Scope::stream`].
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.state.marker
+    }
+}
+
+impl<T: Pod> DevicePtr<T> for Lent<'_, T> {
+    /// The view's address for an operation on the scope's stream; a never-mapped address (and a
+    /// refusal the scope returns) otherwise. The guard is empty: the scope waits for the stream.
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        let ptr = self.state.address(stream, self.ptr, self.never_mapped);
+        (ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T: Pod> DevicePtr<T> for LentMut<'_, T> {
+    /// As for [`Lent`].
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        let ptr = self.state.address(stream, self.ptr, self.never_mapped);
+        (ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T: Pod> DevicePtrMut<T> for LentMut<'_, T> {
+    /// As `device_ptr`: the view's address for an operation on the scope's stream, a never-mapped
+    /// address otherwise.
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        let ptr = self.state.address(stream, self.ptr, self.never_mapped);
+        (ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+// SAFETY: pushes a pointer to `arg.ptr` through cudarc's own implementation for `&'b u64` (a
+// `DeviceRepr`): a `u64` device address that lives in `arg`, borrowed for `'b`, which outlives the
+// builder (`'b: 'a`), as that implementation requires. The kernel receives the view's address; the
+// view is borrowed for `'scope` (`'scope: 'b`), until the scope has waited for its stream. What the
+// pointer's use needs beyond this is the condition that `LaunchArgs::launch` (which is `unsafe`)
+// adds for lent arguments: the launch runs on the scope's stream, not captured into a graph (module
+// documentation), and the kernel only reads a read-only argument, within its `len()` values.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b Lent<'_, T>> for LaunchArgs<'a> {
+    #[inline]
+    fn arg(&mut self, arg: &'b Lent<'_, T>) -> &mut Self {
+        <Self as PushKernelArg<&'b u64>>::arg(self, &arg.ptr)
+    }
+}
+
+// SAFETY: as for `&Lent`: a read-only argument made from a writable lent view.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b LentMut<'_, T>> for LaunchArgs<'a> {
+    #[inline]
+    fn arg(&mut self, arg: &'b LentMut<'_, T>) -> &mut Self {
+        <Self as PushKernelArg<&'b u64>>::arg(self, &arg.ptr)
+    }
+}
+
+// SAFETY: as for `&Lent`; the view is lent exclusively, so the kernel may write its `len()` values.
+unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b mut LentMut<'_, T>> for LaunchArgs<'a> {
+    #[inline]
+    fn arg(&mut self, arg: &'b mut LentMut<'_, T>) -> &mut Self {
+        let ptr: &'b u64 = &arg.ptr;
+        <Self as PushKernelArg<&'b u64>>::arg(self, ptr)
+    }
+}

@@ -1,0 +1,465 @@
+//! cudarc interop against a real driver (feature `cudarc`): one driver and one primary context per
+//! device for both libraries, in either drop order; an NVRTC kernel writing a growing `VirtualBuffer`
+//! that cudarc's copy reads back; cuBLAS `sgemm` on VMM memory; a kernel on GPU 1 reading VMM
+//! memory of GPU 0 granted to it; and the refusals (another stream, a graph capture) that leave the
+//! memory untouched. Every test skips visibly without a GPU; the NVRTC and cuBLAS parts skip
+//! visibly, with the reason, where the library cannot be loaded.
+//!
+//! The tests take one lock each: the drop-order test needs to be the only holder of the primary
+//! context, and a refused operation may leave a sticky error in the context, which the next test
+//! must not inherit (its contexts are all released when it ends, which resets the context).
+
+#![cfg(feature = "cudarc")]
+
+mod common;
+
+use std::error::Error as StdError;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use common::{devices_or_skip, gpus_or_skip, pattern, primary_active, skip};
+use cuda_vmm::interop::cudarc::scope;
+use cuda_vmm::{
+    Context, DeviceBuffer, Error, Granularity, ReadWrite, VirtualBuffer, allocation_granularity,
+    can_access_peer,
+};
+use cudarc::driver::{CudaContext, CudaFunction, DriverError, LaunchConfig, PushKernelArg, sys};
+
+type TestResult<T = ()> = Result<T, Box<dyn StdError>>;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// CUDA C, compiled at run time by NVRTC through cudarc.
+const KERNELS: &str = r#"
+extern "C" __global__ void fill(unsigned int *out, unsigned int n, unsigned int seed) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = i * 2654435761u + seed;
+}
+extern "C" __global__ void add_one(unsigned int *dst, const unsigned int *src, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i] + 1u;
+}
+"#;
+
+/// What `fill` writes.
+fn filled(n: usize, seed: u32) -> Vec<u32> {
+    (0u32..)
+        .take(n)
+        .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
+        .collect()
+}
+
+/// The kernel `name` of [`KERNELS`], loaded in `ctx`; `None` after printing why where NVRTC cannot
+/// be loaded, or compiles PTX newer than the driver loads.
+fn kernel_or_skip(test: &str, ctx: &Arc<CudaContext>, name: &str) -> Option<CudaFunction> {
+    // SAFETY: tries to `dlopen` the NVRTC library under cudarc's candidate names, nothing more.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        skip(&format!(
+            "SKIPPED {test} (NVRTC part): the NVRTC library (libnvrtc.so) cannot be loaded; \
+             install the CUDA toolkit's NVRTC or put it on LD_LIBRARY_PATH"
+        ));
+        return None;
+    }
+    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("the test kernels compile");
+    match ctx.load_module(ptx) {
+        Ok(module) => Some(
+            module
+                .load_function(name)
+                .expect("the kernel is in the module"),
+        ),
+        Err(e) if e == DriverError(sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION) => {
+            skip(&format!(
+                "SKIPPED {test} (NVRTC part): this NVRTC writes PTX newer than the driver \
+                 (API {:?}) loads: {e}",
+                cuda_vmm::driver_version()
+            ));
+            None
+        }
+        Err(e) => panic!("{test}: loading the NVRTC module: {e}"),
+    }
+}
+
+/// The order of the square, column-major matrices of the cuBLAS test.
+const N: usize = 64;
+
+fn config(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(u32::try_from(n).expect("n fits u32"))
+}
+
+#[test]
+fn one_driver_one_primary_context_per_device() {
+    let _serial = serial();
+    let test = "one_driver_one_primary_context_per_device";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return;
+    };
+    for device in devices {
+        let ours = Context::new(device).unwrap();
+        let theirs = CudaContext::new(device.ordinal()).unwrap();
+        assert!(theirs.is_primary());
+        assert_eq!(theirs.cu_device(), device.as_raw());
+        assert_eq!(
+            ours.as_raw().addr(),
+            theirs.cu_ctx().addr(),
+            "cudarc's dynamically loaded driver and the linked one are one driver, with one primary \
+             context for {device:?}"
+        );
+    }
+}
+
+/// Either library may release its retain first: the primary context lives, and works, until the last
+/// retain of either side ends, and is then reset.
+#[test]
+fn either_side_may_drop_its_context_first() {
+    let _serial = serial();
+    let test = "either_side_may_drop_its_context_first";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return;
+    };
+    let device = devices[0];
+    drop(Context::new(device).unwrap());
+    assert!(!primary_active(device), "no one else holds the context");
+
+    // Ours first: cudarc's context still allocates, copies and frees.
+    let ours = Context::new(device).unwrap();
+    let theirs = CudaContext::new(device.ordinal()).unwrap();
+    drop(ours);
+    assert!(primary_active(device));
+    let stream = theirs.default_stream();
+    let slice = stream.clone_htod(&pattern(1024, 1)).unwrap();
+    assert_eq!(stream.clone_dtoh(&slice).unwrap(), pattern(1024, 1));
+    drop((slice, stream, theirs));
+    assert!(
+        !primary_active(device),
+        "the last retain, cudarc's, reset it"
+    );
+
+    // cudarc's first: this crate's context and buffers still work.
+    let theirs = CudaContext::new(device.ordinal()).unwrap();
+    let ours = Context::new(device).unwrap();
+    drop(theirs);
+    assert!(primary_active(device));
+    let buffer = DeviceBuffer::from_host(&ours, &pattern(1024, 2)).unwrap();
+    assert_eq!(buffer.as_slice().to_vec().unwrap(), pattern(1024, 2));
+    drop(buffer);
+    drop(ours);
+    assert!(!primary_active(device), "the last retain, ours, reset it");
+
+    // A buffer keeps its own retain: dropping every context of either side leaves it working.
+    let page = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite).unwrap();
+    buffer.grow(device, page).unwrap();
+    drop(CudaContext::new(device.ordinal()).unwrap());
+    assert!(
+        primary_active(device),
+        "the buffer retains its access set's contexts"
+    );
+    let input = pattern(page / 4, 3);
+    buffer
+        .slice_mut::<u32>(..)
+        .unwrap()
+        .copy_from_host(&input)
+        .unwrap();
+    assert_eq!(buffer.slice::<u32>(..).unwrap().to_vec().unwrap(), input);
+}
+
+/// The issue's test: an NVRTC kernel, launched through cudarc's builder, writes a `VirtualBuffer`
+/// that grows between the launches, and cudarc's copy reads every byte back.
+#[test]
+fn nvrtc_kernel_writes_a_growing_buffer_and_cudarc_reads_it_back() -> TestResult {
+    let _serial = serial();
+    let test = "nvrtc_kernel_writes_a_growing_buffer_and_cudarc_reads_it_back";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let device = devices[0];
+    let ctx = CudaContext::new(device.ordinal())?;
+    let Some(fill) = kernel_or_skip(test, &ctx, "fill") else {
+        return Ok(());
+    };
+    let stream = ctx.new_stream()?;
+    let page = allocation_granularity(device, Granularity::Minimum)?;
+    let mut buffer = VirtualBuffer::new(4 * page, &[device], ReadWrite)?;
+    let base = buffer.base();
+    for round in 1..=4u32 {
+        buffer.grow(device, page)?;
+        let end = buffer.end();
+        let (n, n32) = (end / 4, u32::try_from(end / 4)?);
+        let mut view = buffer.slice_mut::<u32>(..end)?; // every page mapped so far
+        let mut host = vec![0u32; n];
+        scope(&stream, |s| -> TestResult {
+            let mut lent = s.lend_mut(&mut view)?;
+            // SAFETY: `fill(unsigned *out, unsigned n, unsigned seed)` takes these three, in this
+            // order, and writes `out[0..n)`, the lent view's `n` values; launched on the scope's
+            // stream (`Scope::launch_builder`).
+            unsafe {
+                s.launch_builder(&fill)?
+                    .arg(&mut lent)
+                    .arg(&n32)
+                    .arg(&round)
+                    .launch(config(n))
+            }?;
+            stream.memcpy_dtoh(&lent, &mut host)?; // ordered after the kernel on the stream
+            Ok(())
+        })?;
+        assert_eq!(host, filled(n, round), "round {round}: {n} values");
+        assert_eq!(buffer.base(), base, "the base never moves");
+    }
+    Ok(())
+}
+
+/// cuBLAS `sgemm` reads two matrices and writes a third, all in one `VirtualBuffer`.
+#[test]
+fn cublas_sgemm_on_vmm_memory() -> TestResult {
+    use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+
+    let _serial = serial();
+    let test = "cublas_sgemm_on_vmm_memory";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return Ok(());
+    };
+    // SAFETY: tries to `dlopen` the cuBLAS library under cudarc's candidate names, nothing more.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        skip(&format!(
+            "SKIPPED {test} (cuBLAS part): the cuBLAS library (libcublas.so) cannot be loaded; \
+             install the CUDA toolkit's cuBLAS or put it on LD_LIBRARY_PATH"
+        ));
+        return Ok(());
+    }
+    let device = devices[0];
+    let ctx = CudaContext::new(device.ordinal())?;
+    let stream = ctx.new_stream()?;
+    let blas = CudaBlas::new(stream.clone())?; // the same `CudaStream`: the scope's
+    let a: Vec<f32> = (0..N * N).map(|i| f32::from((i % 7) as u8)).collect();
+    let b: Vec<f32> = (0..N * N).map(|i| f32::from((i % 5) as u8)).collect();
+    let mut expected = vec![0f32; N * N];
+    for col in 0..N {
+        for row in 0..N {
+            expected[col * N + row] = (0..N).map(|k| a[k * N + row] * b[col * N + k]).sum();
+        }
+    }
+
+    let page = allocation_granularity(device, Granularity::Minimum)?;
+    let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let matrix = N * N * 4;
+    let (mut va, rest) = buffer.slice_mut::<f32>(..3 * matrix)?.split_at_mut(N * N)?;
+    let (mut vb, mut vc) = rest.split_at_mut(N * N)?;
+    let mut c = vec![0f32; N * N];
+    scope(&stream, |s| -> TestResult {
+        let (mut la, mut lb, mut lc) = (
+            s.lend_mut(&mut va)?,
+            s.lend_mut(&mut vb)?,
+            s.lend_mut(&mut vc)?,
+        );
+        stream.memcpy_htod(&a, &mut la)?;
+        stream.memcpy_htod(&b, &mut lb)?;
+        let n = i32::try_from(N)?;
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n,
+            n,
+            k: n,
+            alpha: 1.0f32,
+            lda: n,
+            ldb: n,
+            beta: 0.0f32,
+            ldc: n,
+        };
+        // SAFETY: three N x N column-major matrices of N * N values each, with leading dimension N,
+        // as `cfg` says; the handle's stream is the scope's.
+        unsafe { blas.gemm(cfg, &la, &lb, &mut lc) }?;
+        stream.memcpy_dtoh(&lc, &mut c)?;
+        Ok(())
+    })?;
+    assert_eq!(c, expected, "cuBLAS sgemm on VMM memory");
+    Ok(())
+}
+
+/// A kernel on GPU 1 reads VMM memory that lives on GPU 0, granted to GPU 1 by the buffer's access
+/// set; memory not granted to GPU 1 is refused when lent, before any work is queued.
+#[test]
+fn kernel_on_one_gpu_reads_vmm_memory_of_another() -> TestResult {
+    let _serial = serial();
+    let test = "kernel_on_one_gpu_reads_vmm_memory_of_another";
+    let Some(gpus) = gpus_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let (d0, d1) = (gpus[0].0, gpus[1].0);
+    if can_access_peer(d1, d0)?.is_none() {
+        skip(&format!(
+            "SKIPPED {test}: GPU 1 has no peer link to GPU 0 (cuDeviceCanAccessPeer answered 0)"
+        ));
+        return Ok(());
+    }
+    let ctx1 = CudaContext::new(d1.ordinal())?;
+    let Some(add_one) = kernel_or_skip(test, &ctx1, "add_one") else {
+        return Ok(());
+    };
+    let stream1 = ctx1.new_stream()?;
+    let page = allocation_granularity(d0, Granularity::Minimum)?
+        .max(allocation_granularity(d1, Granularity::Minimum)?);
+    let n = page / 4;
+    let input = pattern(n, 7);
+
+    // Memory on GPU 0, granted to both GPUs (the buffer's access set), and memory granted to GPU 0
+    // only.
+    let mut on_gpu0 = VirtualBuffer::new(page, &[d0, d1], ReadWrite)?;
+    on_gpu0.grow(d0, page)?;
+    assert_eq!(on_gpu0.pages().next().map(|p| p.device), Some(d0));
+    on_gpu0.slice_mut::<u32>(..)?.copy_from_host(&input)?;
+    let mut gpu0_only = VirtualBuffer::new(page, &[d0], ReadWrite)?;
+    gpu0_only.grow(d0, page)?;
+
+    let mut out = VirtualBuffer::new(page, &[d1], ReadWrite)?;
+    out.grow(d1, page)?;
+    let n32 = u32::try_from(n)?;
+    let mut host = vec![0u32; n];
+    let src = on_gpu0.slice_on::<u32>(.., d1)?;
+    let mut dst = out.slice_mut::<u32>(..)?;
+    let gpu0_only = gpu0_only.slice::<u32>(..)?;
+    scope(&stream1, |s| -> TestResult {
+        let refused = s.lend(gpu0_only);
+        assert!(
+            matches!(refused, Err(Error::NoPeerAccess { .. })),
+            "memory GPU 1 is not granted is refused when lent: {refused:?}"
+        );
+        let (src, mut dst) = (s.lend(src)?, s.lend_mut(&mut dst)?);
+        // SAFETY: `add_one(unsigned *dst, const unsigned *src, unsigned n)` takes these, in this
+        // order; it writes `dst[0..n)` and reads `src[0..n)`, the lent views' `n` values each;
+        // launched on the scope's stream.
+        unsafe {
+            s.launch_builder(&add_one)?
+                .arg(&mut dst)
+                .arg(&src)
+                .arg(&n32)
+                .launch(config(n))
+        }?;
+        stream1.memcpy_dtoh(&dst, &mut host)?;
+        Ok(())
+    })?;
+    let expected: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
+    assert_eq!(
+        host, expected,
+        "GPU 1 read GPU 0's VMM memory over the link"
+    );
+    Ok(())
+}
+
+/// A lent view asked for its address for another stream, or while the scope's stream captures a
+/// graph, gets a never-mapped address: the memory is untouched, and the scope says why.
+#[test]
+fn refused_operations_touch_no_memory() -> TestResult {
+    let _serial = serial();
+    let test = "refused_operations_touch_no_memory";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let device = devices[0];
+    let ctx = CudaContext::new(device.ordinal())?;
+    let (stream, other) = (ctx.new_stream()?, ctx.new_stream()?);
+    let page = allocation_granularity(device, Granularity::Minimum)?;
+    let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let input = pattern(page / 4, 9);
+    buffer.slice_mut::<u32>(..)?.copy_from_host(&input)?;
+
+    // Another stream of the same context.
+    let mut view = buffer.slice_mut::<u32>(..)?;
+    let result = scope(&stream, |s| -> TestResult {
+        let mut lent = s.lend_mut(&mut view)?;
+        let queued = other.memset_zeros(&mut lent);
+        other.synchronize().ok();
+        eprintln!("{test}: memset on another stream answered {queued:?}");
+        Ok(())
+    });
+    let refusal = result.expect_err("the scope reports the refusal");
+    assert!(
+        matches!(
+            refusal.downcast_ref::<Error>(),
+            Some(Error::StreamRefused { .. })
+        ),
+        "{refusal}"
+    );
+    assert_eq!(
+        buffer.slice::<u32>(..)?.to_vec()?,
+        input,
+        "nothing was zeroed"
+    );
+
+    // A capture of the scope's stream: the captured memset gets a never-mapped address.
+    let mut view = buffer.slice_mut::<u32>(..)?;
+    let result = scope(&stream, |s| -> TestResult {
+        let mut lent = s.lend_mut(&mut view)?;
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let queued = stream.memset_zeros(&mut lent);
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        eprintln!(
+            "{test}: captured memset answered {queued:?}; the capture {}",
+            match &graph {
+                Ok(Some(_)) => "made a graph (of a never-mapped address; not launched)",
+                Ok(None) => "made no graph",
+                Err(_) => "failed",
+            }
+        );
+        Ok(())
+    });
+    let refusal = result.expect_err("the scope reports the refusal");
+    assert!(
+        matches!(
+            refusal.downcast_ref::<Error>(),
+            Some(Error::StreamRefused { .. })
+        ),
+        "{refusal}"
+    );
+    assert_eq!(
+        buffer.slice::<u32>(..)?.to_vec()?,
+        input,
+        "nothing was zeroed"
+    );
+
+    // A stream that is capturing when the scope starts is refused before the closure runs.
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let entered = scope(&stream, |_| -> TestResult { Ok(()) });
+    let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    assert!(
+        matches!(
+            entered.map_err(|e| e.downcast::<Error>().map(|e| *e)),
+            Err(Ok(Error::StreamRefused { .. }))
+        ),
+        "a capturing stream is refused"
+    );
+    Ok(())
+}
+
+/// Forgetting the guard cudarc's trait returns changes nothing (lent values have no `Drop`): the scope waits in
+/// its own frame, and the buffer can be unmapped right after.
+#[test]
+fn forgetting_lent_values_and_guards_is_harmless() -> TestResult {
+    let _serial = serial();
+    let test = "forgetting_lent_values_and_guards_is_harmless";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let device = devices[0];
+    let ctx = CudaContext::new(device.ordinal())?;
+    let stream = ctx.new_stream()?;
+    let page = allocation_granularity(device, Granularity::Minimum)?;
+    let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let mut view = buffer.slice_mut::<u32>(..)?;
+    let ones = vec![1u32; page / 4];
+    scope(&stream, |s| -> TestResult {
+        let mut lent = s.lend_mut(&mut view)?;
+        stream.memcpy_htod(&ones, &mut lent)?;
+        let (_, guard) = cudarc::driver::DevicePtr::device_ptr(&lent, &stream);
+        core::mem::forget(guard); // lent values have no `Drop`: nothing of theirs can be forgotten
+        Ok(())
+    })?;
+    buffer.unmap(..)?; // the copy has finished: the scope waited
+    Ok(())
+}
