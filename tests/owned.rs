@@ -467,8 +467,8 @@ fn grants_equal_pages_mapped() {
 }
 
 /// A read-only buffer grants its pages read-only: views read, and the driver refuses a write made
-/// around the types (a raw `cuMemsetD8`, which the driver refuses without a sticky error:
-/// DRIVER-FACTS).
+/// around the types (a raw `cuMemsetD8`, which the driver refuses without a sticky error; checked
+/// here).
 #[test]
 fn read_only_buffer_reads_and_the_driver_refuses_writes() {
     let _serial = serial();
