@@ -347,21 +347,7 @@ fn lifecycle_safe(ctx: &Context, size: usize) -> BenchResult<()> {
 }
 
 fn lifecycle_raw(ctx: &Context, size: usize) -> BenchResult<()> {
-    let location = || raw::Location {
-        type_: 1,
-        id: ctx.device().as_raw(),
-    };
-    let prop = raw::Prop {
-        type_: 1,
-        handle_types: 0,
-        location: location(),
-        win32: core::ptr::null_mut(),
-        flags: 0,
-    };
-    let desc = raw::AccessDesc {
-        location: location(),
-        flags: 3,
-    };
+    let (prop, desc) = page_props(ctx.device());
     let (mut handle, mut ptr) = (0u64, 0u64);
     // SAFETY: the same calls the safe API makes, in the documented order, on resources made here.
     unsafe {

@@ -16,7 +16,7 @@ mod common;
 
 use std::process::ExitCode;
 
-use common::{ExampleResult, check, devices_or_none};
+use common::{ExampleResult, check, first_vmm_device_or_none};
 use cuda_vmm::{
     Context, DriverError, Granularity, PageInfo, ReadWrite, VirtualBuffer, align_size,
     allocation_granularity,
@@ -33,14 +33,9 @@ fn run() -> ExampleResult {
     println!(
         "grow_until_oom: 1 GiB pages until the device says out of memory, then all of it back"
     );
-    let Some(devices) = devices_or_none("there is no memory to fill")? else {
+    let Some(device) = first_vmm_device_or_none("there is no memory to fill")? else {
         return Ok(());
     };
-    let device = devices[0];
-    if !device.supports_vmm()? {
-        println!("GPU 0 has no VMM support: skipped");
-        return Ok(());
-    }
     let context = Context::new(device)?;
     let granularity = allocation_granularity(device, Granularity::Minimum)?;
     let step = align_size(STEP, granularity)?;

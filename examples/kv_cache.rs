@@ -18,7 +18,7 @@ mod common;
 
 use std::process::ExitCode;
 
-use common::{ExampleResult, check, devices_or_none, pattern, verify};
+use common::{ExampleResult, check, first_vmm_device_or_none, pattern, verify};
 use cuda_vmm::{
     Context, Device, Granularity, ReadWrite, VirtualBuffer, align_size, allocation_granularity,
 };
@@ -38,14 +38,9 @@ fn run() -> ExampleResult {
     println!(
         "kv_cache: a 64 GiB address budget, device memory mapped page by page as sequences grow"
     );
-    let Some(devices) = devices_or_none("there is no cache to fill")? else {
+    let Some(device) = first_vmm_device_or_none("there is no cache to fill")? else {
         return Ok(());
     };
-    let device = devices[0];
-    if !device.supports_vmm()? {
-        println!("GPU 0 has no VMM support: skipped");
-        return Ok(());
-    }
     let context = Context::new(device)?;
     let page = allocation_granularity(device, Granularity::Minimum)?;
     println!("  page size (the device's granularity): {page} B");

@@ -70,6 +70,22 @@ pub(crate) fn devices_or_none(nothing_to_do: &str) -> ExampleResult<Option<Vec<D
     Ok(Some(devices))
 }
 
+/// GPU 0 where it supports VMM, or `None` after saying why the example has nothing to do (no device,
+/// or no VMM support).
+pub(crate) fn first_vmm_device_or_none(nothing_to_do: &str) -> ExampleResult<Option<Device>> {
+    let Some(devices) = devices_or_none(nothing_to_do)? else {
+        return Ok(None);
+    };
+    let Some(&device) = devices.first() else {
+        return Ok(None);
+    };
+    if !device.supports_vmm()? {
+        println!("GPU 0 has no VMM support: skipped");
+        return Ok(None);
+    }
+    Ok(Some(device))
+}
+
 /// As [`devices_or_none`], and `None` also where there is only one device, after printing
 /// "this example needs two CUDA devices, found 1: `skipped`".
 pub(crate) fn two_or_more_devices_or_none(
