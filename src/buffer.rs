@@ -73,12 +73,13 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
         }
         let buffer = DeviceBuffer::uninit_zeroable(context, len)?;
         if buffer.ptr != 0 {
-            // `uninit_zeroable` left `context` current.
-            // SAFETY: `[ptr, ptr + len * size_of::<T>())` is this buffer's own memory, in the current
-            // context; the null stream is then synchronised, so the fill has finished on return.
-            check(unsafe { sys::cuMemsetD8_v2(buffer.ptr, 0, len * size_of::<T>()) })?;
-            // SAFETY: the null stream is the current context's legacy default stream, always valid.
-            check(unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) })?;
+            // The fill has finished when this returns, also where it failed after being queued
+            // (dropping the buffer then frees memory that nothing writes any more).
+            crate::wait::synchronous(context.as_raw(), crate::wait::Returns::Early, || {
+                // SAFETY: `[ptr, ptr + len * size_of::<T>())` is this buffer's own memory, in the
+                // current context (`synchronous` binds it).
+                unsafe { sys::cuMemsetD8_v2(buffer.ptr, 0, len * size_of::<T>()) }
+            })?;
         }
         Ok(buffer)
     }

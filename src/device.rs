@@ -317,13 +317,15 @@ impl Context {
 
     /// `cuCtxSynchronize` — wait until all work queued in this context has finished.
     ///
+    /// The wait holds under stream capture: other threads' captures do not refuse it, and it
+    /// returns only once the work has finished or the context is proven dead (see
+    /// [When a wait fails](crate::scope#when-a-wait-fails)).
+    ///
     /// # Errors
-    /// The driver's error, including a sticky error left by earlier asynchronous work.
+    /// A sticky error left by earlier asynchronous work.
     #[doc(alias = "cuCtxSynchronize")]
-    pub fn synchronize(&self) -> Result<()> {
-        self.bind_to_thread()?;
-        // SAFETY: no arguments; a context is current (bound just above).
-        check(unsafe { sys::cuCtxSynchronize() })
+    pub fn synchronize(&self) -> Result<(), crate::Error> {
+        crate::wait::context(self.raw)
     }
 
     /// `cuMemGetInfo` — `(free, total)` device memory in bytes, as seen from this context.

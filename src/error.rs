@@ -403,7 +403,7 @@ pub(crate) fn check(code: u32) -> Result<()> {
 
 /// Every result of `results`, each one made even after an error (for clean-up that must reach
 /// every item); the first error, if any.
-pub(crate) fn first_error(results: impl IntoIterator<Item = Result<()>>) -> Result<()> {
+pub(crate) fn first_error<E>(results: impl IntoIterator<Item = Result<(), E>>) -> Result<(), E> {
     // A loop, not `try_fold`: stopping at the first error would skip the rest.
     let mut first = Ok(());
     for result in results {
@@ -578,6 +578,14 @@ pub enum Error {
         /// Why, in words.
         why: &'static str,
     },
+    /// A stream capturing a graph: a stream of this crate's, asked to queue work that borrows memory
+    /// (checked before the work is queued), or a stream a wait found capturing, whose capture the
+    /// wait then ended and whose graph it destroyed, so that no graph holds an address lent to the
+    /// work after its scope. Returned by a wait only once the work it waited for has finished.
+    StreamCapturing {
+        /// What was refused or done, in words.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -696,6 +704,7 @@ impl fmt::Display for Error {
             Error::StreamRefused { why } => {
                 write!(f, "the stream cannot take this crate's memory: {why}")
             }
+            Error::StreamCapturing { what } => write!(f, "a stream is capturing a graph: {what}"),
         }
     }
 }
@@ -719,7 +728,7 @@ mod tests {
         }));
         assert_eq!(first, Err(DriverError::INVALID_VALUE));
         assert_eq!(tried, [0, 1, 0, 2, 0], "every item was tried");
-        assert_eq!(first_error([Ok(()), Ok(())]), Ok(()));
+        assert_eq!(first_error([Ok::<(), DriverError>(()), Ok(())]), Ok(()));
     }
 
     #[test]

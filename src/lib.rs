@@ -156,6 +156,7 @@ mod stream;
 mod sys;
 mod transfer;
 mod view;
+mod wait;
 
 pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
 pub use buffer::DeviceBuffer;

@@ -8,6 +8,7 @@ use core::ptr;
 use crate::device::Context;
 use crate::error::{Error, Result, check};
 use crate::sys;
+use crate::wait::{self, Returns};
 
 /// The fewest bytes [`Module::load_ptx`] hands the driver: shorter text is NUL-padded to this length,
 /// so that whatever the driver reads of the first bytes to recognise a binary header (a magic, and at
@@ -223,27 +224,30 @@ impl Function<'_> {
                 what: "kernel grid or block",
             });
         }
-        self.context.bind_to_thread()?;
-        // SAFETY: `self.raw` is a kernel of a loaded module (borrowed); the caller guarantees the
-        // parameters and every address the kernel touches; `params` is alive for the call, which copies
-        // the parameter values before returning.
-        check(unsafe {
-            sys::cuLaunchKernel(
-                self.raw,
-                grid.0,
-                grid.1,
-                grid.2,
-                block.0,
-                block.1,
-                block.2,
-                0,
-                ptr::null_mut(),
-                params.as_mut_ptr(),
-                ptr::null_mut(),
-            )
-        })?;
-        // SAFETY: the null stream is the current context's legacy default stream, always valid.
-        Ok(check(unsafe { sys::cuStreamSynchronize(ptr::null_mut()) })?)
+        let params = params.as_mut_ptr();
+        // The launch returns at once: the wait after it makes the kernel finished before anything it
+        // uses can go away, also where the launch failed after being queued.
+        wait::synchronous(self.context.as_raw(), Returns::Early, || {
+            // SAFETY: `self.raw` is a kernel of a loaded module (borrowed), in the current context
+            // (`synchronous` binds it); the caller guarantees the parameters and every address the
+            // kernel touches; `params` is alive for the call, which copies the parameter values
+            // before returning.
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.raw,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block.0,
+                    block.1,
+                    block.2,
+                    0,
+                    ptr::null_mut(),
+                    params,
+                    ptr::null_mut(),
+                )
+            }
+        })
     }
 }
 

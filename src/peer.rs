@@ -307,12 +307,12 @@ impl<'ctx> PeerAccess<'ctx> {
     /// # Errors
     /// The error of the synchronisation (work in `from` failed) or of the disable.
     #[doc(alias = "cuCtxDisablePeerAccess")]
-    pub fn disable(self) -> Result<()> {
+    pub fn disable(self) -> Result<(), Error> {
         let this = core::mem::ManuallyDrop::new(self);
         this.end()
     }
 
-    fn end(&self) -> Result<()> {
+    fn end(&self) -> Result<(), Error> {
         let mut counts = ENABLED.lock().unwrap_or_else(PoisonError::into_inner);
         // Dropped (releasing the retained contexts) when this function returns, after the disable;
         // the guard's own borrows keep both contexts alive until then in any case.
@@ -334,7 +334,7 @@ impl<'ctx> PeerAccess<'ctx> {
         if DriverError::from_raw(code) == Some(DriverError::PEER_ACCESS_NOT_ENABLED) {
             return Ok(());
         }
-        check(code)
+        Ok(check(code)?)
     }
 }
 

@@ -17,6 +17,7 @@ use crate::error::{DriverError, Error, Result, check, first_error};
 use crate::module::Function;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
+use crate::wait;
 
 /// A stream of one device's primary context: the work queued on it runs in order, and alongside the
 /// work of other streams. Destroyed on drop (`cuStreamDestroy`).
@@ -104,15 +105,29 @@ impl Stream {
 
     /// `cuStreamSynchronize` — wait until every operation queued on the stream has finished.
     ///
+    /// The wait holds under stream capture: it returns, with `Ok` or an error, only once the work
+    /// has finished (or the context is proven dead), also while other threads capture graphs, and
+    /// it ends a capture of this stream itself (see [When a wait fails](scope#when-a-wait-fails)).
+    ///
     /// # Errors
-    /// The driver's error, including a sticky error left by earlier asynchronous work in the
-    /// context (see [When a wait fails](scope#when-a-wait-fails)).
+    /// A sticky error left by earlier asynchronous work in the context;
+    /// [`Error::StreamCapturing`] where the stream was capturing a graph, which the wait ended.
     #[doc(alias = "cuStreamSynchronize")]
-    pub fn synchronize(&self) -> Result<()> {
+    pub fn synchronize(&self) -> Result<(), Error> {
+        wait::stream(self.context.as_raw(), self.raw)
+    }
+
+    /// `cuStreamIsCapturing` — `Ok` where the stream is not capturing a graph: the check before any
+    /// work that borrows memory is queued on it (a graph could run that work after the scope).
+    fn admit_work(&self) -> Result<(), Error> {
         self.context.bind_to_thread()?;
-        // SAFETY: `self.raw` is a live stream of the current context (bound just above), or null for
-        // its legacy default stream.
-        check(unsafe { sys::cuStreamSynchronize(self.raw) })
+        if wait::is_capturing(self.raw)? {
+            return Err(Error::StreamCapturing {
+                what: "work that borrows memory is not queued on a capturing stream: the graph \
+                       could run it after the scope",
+            });
+        }
+        Ok(())
     }
 
     /// `cuEventRecord` — mark the current end of the stream in `event`, which must belong to the
@@ -288,13 +303,14 @@ impl Event {
     /// `cuEventSynchronize` — wait until the event has completed (at once for an event never
     /// recorded).
     ///
+    /// The wait holds under stream capture, as [`Stream::synchronize`] does: other threads'
+    /// captures do not refuse it, and an event last recorded in a capture is waited out.
+    ///
     /// # Errors
-    /// The driver's error, including a sticky error of earlier asynchronous work.
+    /// A sticky error of earlier asynchronous work.
     #[doc(alias = "cuEventSynchronize")]
-    pub fn synchronize(&self) -> Result<()> {
-        self.context.bind_to_thread()?;
-        // SAFETY: a live event of the current context (bound just above).
-        check(unsafe { sys::cuEventSynchronize(self.raw) })
+    pub fn synchronize(&self) -> Result<(), Error> {
+        wait::event(self.context.as_raw(), self.raw)
     }
 
     /// `cuEventQuery` — whether the event has completed (`true` also for an event never recorded),
@@ -699,7 +715,7 @@ where
 struct WaitOnUnwind<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
 
 impl WaitOnUnwind<'_, '_, '_> {
-    fn wait(self) -> Result<()> {
+    fn wait(self) -> Result<(), Error> {
         let this = ManuallyDrop::new(self);
         this.0.wait_all()
     }
@@ -753,7 +769,7 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Waits for every registered stream, all of them even after an error; the first error.
-    fn wait_all(&self) -> Result<()> {
+    fn wait_all(&self) -> Result<(), Error> {
         let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
         first_error(streams.iter().map(Stream::synchronize))
     }
@@ -873,6 +889,7 @@ impl<'scope> ScopedStream<'scope> {
         let (src, len) = src.host_parts();
         check_len(dst.len(), len)?;
         reachable(&dst, self.device())?;
+        self.stream.admit_work()?;
         if len > 0 {
             // SAFETY: `dst` is `len` values of device memory reachable from the stream's device
             // (checked above), lent exclusively to this copy for `'scope` (a writable view, given up);
@@ -908,6 +925,7 @@ impl<'scope> ScopedStream<'scope> {
         let src = src.lend();
         check_len(dst.len(), src.len())?;
         reachable(&src, self.device())?;
+        self.stream.admit_work()?;
         let written = HostInFlight {
             ptr: dst.as_mut_ptr(),
             len: dst.len(),
@@ -950,6 +968,7 @@ impl<'scope> ScopedStream<'scope> {
         check_len(dst.len(), src.len())?;
         reachable(&dst, self.device())?;
         reachable(&src, self.device())?;
+        self.stream.admit_work()?;
         if !dst.is_empty() {
             self.stream.context.bind_to_thread()?;
             // SAFETY: both ranges are `len` values of device memory reachable from the stream's device
@@ -983,6 +1002,7 @@ impl<'scope> ScopedStream<'scope> {
     ) -> Result<DeviceSlice<'scope, T>, Error> {
         let dst = dst.lend_mut();
         reachable(&dst, self.device())?;
+        self.stream.admit_work()?;
         if !dst.is_empty() {
             self.stream.context.bind_to_thread()?;
             // SAFETY: `dst` is device memory reachable from the stream's device (checked above), which
@@ -1042,6 +1062,7 @@ impl<'scope> ScopedStream<'scope> {
             });
         }
         args.check(device)?;
+        self.stream.admit_work()?;
         args.launch_with(|params| {
             self.stream.context.bind_to_thread()?;
             let params = if params.is_empty() {

@@ -17,8 +17,8 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::mem::{align_of, offset_of, size_of};
 
 pub(crate) use cuda_driver_sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmemGenericAllocationHandle, CUmodule,
-    CUstream,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUmemGenericAllocationHandle,
+    CUmodule, CUstream,
 };
 
 /// A raw `CUresult`: an integer, so that codes no header knew about are representable.
@@ -36,8 +36,10 @@ pub(crate) const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
 pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
 // `CUstreamCaptureStatus`: not capturing (the others are ACTIVE 1 and INVALIDATED 2).
-#[cfg(feature = "cudarc")]
 pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
+// `CUstreamCaptureMode`: RELAXED, the mode in which a thread's calls are refused by no other
+// thread's capture (the others are GLOBAL 0, the default, and THREAD_LOCAL 1).
+pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 // `CU_STREAM_PER_THREAD`: the calling thread's default stream, whichever thread that is.
 #[cfg(feature = "cudarc")]
 pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
@@ -235,8 +237,12 @@ unsafe extern "C" {
 
     pub(crate) fn cuStreamSynchronize(stream: CUstream) -> CUresult;
     /// `status` is a `CUstreamCaptureStatus`, read as an integer.
-    #[cfg(feature = "cudarc")]
     pub(crate) fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint) -> CUresult;
+    /// `mode` is a `CUstreamCaptureMode`, exchanged as an integer: the calling thread's new mode in,
+    /// its previous mode out.
+    pub(crate) fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint) -> CUresult;
+    pub(crate) fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult;
+    pub(crate) fn cuGraphDestroy(graph: CUgraph) -> CUresult;
     pub(crate) fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
     pub(crate) fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
     pub(crate) fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;

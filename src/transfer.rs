@@ -256,7 +256,7 @@ fn staged(
     // returns: wait for both streams in any case, then report the first error.
     let waited = first_error([down.synchronize(), up.synchronize()]);
     queued?;
-    Ok(waited?)
+    waited
 }
 
 /// One leg of [`staged`]: the device address, the stream and the events of its two buffers.

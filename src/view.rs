@@ -4,13 +4,13 @@ use core::ffi::c_void;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::{Bound, RangeBounds};
-use core::ptr;
 
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{Error, check};
+use crate::error::Error;
 use crate::sys;
+use crate::wait::{self, Returns};
 
 /// The contexts whose devices reach a view's memory directly besides the view's own, for as long as
 /// the view lives: the view borrows what makes this true (the grant that names them, the peer-access
@@ -167,16 +167,6 @@ fn check_len(expected: usize, found: usize) -> Result<(), Error> {
     }
 }
 
-/// Waits for the copies this thread queued on the legacy default stream in the current context.
-///
-/// `cuMemcpyHtoD` may return before its DMA has reached device memory and `cuMemcpyDtoD` returns at
-/// once; waiting makes every copy of this crate finished when it returns, so the memory can be unmapped
-/// or freed right after.
-fn wait_for_copy() -> Result<(), Error> {
-    // SAFETY: the null stream is the current context's legacy default stream, always valid.
-    Ok(check(unsafe { sys::cuStreamSynchronize(ptr::null_mut()) })?)
-}
-
 /// `cuMemcpyDtoD` of `bytes` from `src` to `dst` in `context`, awaited.
 ///
 /// The caller guarantees that both ranges are device memory reachable from `context`'s device for the
@@ -190,13 +180,15 @@ pub(crate) fn copy_device_to_device(
     if bytes == 0 {
         return Ok(());
     }
-    context.bind_to_thread()?;
-    // SAFETY: both ranges are `bytes` of device memory reachable from the current context (the
-    // caller's guarantee). Their virtual ranges cannot overlap (`dst` is exclusive, `src` shared);
-    // through aliases the physical memory may, which leaves unspecified bytes in device memory but
-    // touches no Rust memory. `wait_for_copy` makes the copy finished before either view can go away.
-    check(unsafe { sys::cuMemcpyDtoD_v2(dst, src, bytes) })?;
-    wait_for_copy()
+    // `cuMemcpyDtoD` returns at once: the wait after it makes the copy finished before either view
+    // can go away, also where the copy failed after being queued (see `wait::synchronous`).
+    wait::synchronous(context.as_raw(), Returns::Early, || {
+        // SAFETY: both ranges are `bytes` of device memory reachable from the current context (the
+        // caller's guarantee; `synchronous` binds it). Their virtual ranges cannot overlap (`dst` is
+        // exclusive, `src` shared); through aliases the physical memory may, which leaves
+        // unspecified bytes in device memory but touches no Rust memory.
+        unsafe { sys::cuMemcpyDtoD_v2(dst, src, bytes) }
+    })
 }
 
 /// The accessors both view types share: they read the same fields.
@@ -288,18 +280,15 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
         if self.len == 0 {
             return Ok(());
         }
-        self.context.bind_to_thread()?;
-        // SAFETY: `dst` is writable for `size_of_val(dst)` bytes and any bytes are a valid `T` (`Pod`);
-        // the source range is device memory reachable from the current context (the view's invariant).
-        // The copy is finished when the call returns.
-        check(unsafe {
-            sys::cuMemcpyDtoH_v2(
-                dst.as_mut_ptr().cast::<c_void>(),
-                self.ptr,
-                size_of_val(dst),
-            )
-        })?;
-        Ok(())
+        let (ptr, bytes) = (dst.as_mut_ptr().cast::<c_void>(), size_of_val(dst));
+        // A copy to host memory returns once it has finished; a failed one may still have been
+        // queued, and is then waited for before `dst` is given back (see `wait::synchronous`).
+        wait::synchronous(self.context.as_raw(), Returns::WhenDone, || {
+            // SAFETY: `dst` is writable for `bytes` bytes and any bytes are a valid `T` (`Pod`); the
+            // source range is device memory reachable from the current context (the view's
+            // invariant; `synchronous` binds it).
+            unsafe { sys::cuMemcpyDtoH_v2(ptr, self.ptr, bytes) }
+        })
     }
 
     /// Copies the view into a new `Vec`.
@@ -429,14 +418,15 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         if self.len == 0 {
             return Ok(());
         }
-        self.context.bind_to_thread()?;
-        // SAFETY: `src` is readable for `size_of_val(src)` bytes; the destination is this view's writable
-        // device memory reachable from the current context (the view's invariant). `wait_for_copy` makes
-        // the copy finished before `src` or the view can go away.
-        check(unsafe {
-            sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast::<c_void>(), size_of_val(src))
-        })?;
-        wait_for_copy()
+        let (ptr, bytes) = (src.as_ptr().cast::<c_void>(), size_of_val(src));
+        // `cuMemcpyHtoD` may return before its DMA has reached device memory: the wait after it
+        // makes the copy finished before `src` or the view can go away (see `wait::synchronous`).
+        wait::synchronous(self.context.as_raw(), Returns::Early, || {
+            // SAFETY: `src` is readable for `bytes` bytes; the destination is this view's writable
+            // device memory reachable from the current context (the view's invariant;
+            // `synchronous` binds it).
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr, ptr, bytes) }
+        })
     }
 
     /// `cuMemcpyDtoD` — copy `src`, which must have the same length and be reachable from this view's

@@ -99,6 +99,7 @@ use crate::reservation::VirtualReservation;
 use crate::stream::{ScopedRead, ScopedWrite};
 use crate::sys;
 use crate::view::DeviceSlice;
+use crate::wait;
 
 /// `cuStreamSynchronize` on `stream` when `f` returns — lend views to work queued on a cudarc
 /// stream, and wait for it before returning.
@@ -342,30 +343,24 @@ impl State<'_> {
         self.stream.cu_stream().cast()
     }
 
-    /// `cuStreamSynchronize` of the scope's stream.
+    /// `cuStreamSynchronize` of the scope's stream, through the wait that holds under stream
+    /// capture: it ends a capture begun on the scope's stream (and returns
+    /// [`Error::StreamCapturing`] then), and returns only once the work has finished.
     fn wait(&self) -> Result<(), Error> {
-        self.bind()?;
-        // SAFETY: a stream of the current context (bound just above), alive for the whole scope:
-        // the `CudaStream` is borrowed for it (or the context's legacy default stream, which lives
-        // as long as the context).
-        check(unsafe { sys::cuStreamSynchronize(self.raw_stream()) })?;
-        Ok(())
+        // The stream is alive for the whole scope (the `CudaStream` is borrowed for it), in a
+        // context its `CudaContext` keeps retained.
+        wait::stream(self.stream.context().cu_ctx().cast(), self.raw_stream())
     }
 
-    /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`, read as an
-    /// integer).
+    /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`).
     fn not_capturing(&self) -> Result<(), Error> {
         self.bind()?;
-        let mut status: u32 = sys::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is writable for the call; the stream is alive and of the current context
-        // (as in `wait`). The status is read as an integer, never as an enum.
-        check(unsafe { sys::cuStreamIsCapturing(self.raw_stream(), &raw mut status) })?;
-        if status == sys::CU_STREAM_CAPTURE_STATUS_NONE {
-            Ok(())
-        } else {
+        if wait::is_capturing(self.raw_stream())? {
             Err(Error::StreamRefused {
                 why: "it is capturing a graph, which could run the work after the scope",
             })
+        } else {
+            Ok(())
         }
     }
 

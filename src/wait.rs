@@ -1,0 +1,303 @@
+//! The one wait that cannot come back early: every path of this crate that must not return while
+//! work may still run waits here. That is both scopes' ends, the ends of
+//! [`ScopedAccess`](crate::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous
+//! copy and memset, the staged copy, the synchronous launch, and the public `synchronize` methods.
+//!
+//! # Why a plain wait is not enough
+//! A failed `cuStreamSynchronize`, `cuCtxSynchronize` or synchronous `cuMemcpy*` does not mean
+//! that the work has stopped. Stream capture makes the driver answer at once, without waiting:
+//! - a wait on a stream that is capturing a graph fails in every capture mode;
+//! - while any thread captures in `GLOBAL` mode (CUDA's default), every thread whose own mode is
+//!   `GLOBAL` has its waits and synchronous copies refused. A refused synchronous copy may have
+//!   been queued, and then runs afterwards.
+//!
+//! Those errors (900–908) are not sticky: the work queued before the capture runs on. A scope that
+//! returned on such an error would end its borrows under running work (measured on an H200: an
+//! unmap under a running memset, a host slice read while a DMA wrote it).
+//!
+//! # What this wait does
+//! 1. The calling thread's capture mode is `RELAXED` for the wait
+//!    (`cuThreadExchangeStreamCaptureMode`), and its own mode is restored afterwards. No other
+//!    thread's capture then refuses the wait or a synchronous copy.
+//! 2. A wait refused because the waited stream is itself capturing ends that capture
+//!    (`cuStreamEndCapture`) where the driver lets this thread end it, destroys its graph, and
+//!    waits again. The graph would hold the addresses of the work queued into it, and could run
+//!    after the scope. The wait then reports [`Error::StreamCapturing`], after the work has
+//!    finished.
+//! 3. A capture that this thread may not end is waited out, polling. That is a capture that
+//!    another stream began and the waited one joined, or that another thread began in a mode other
+//!    than `RELAXED`. Polling lasts at most [`CAPTURE_PATIENCE`].
+//! 4. A wait that fails for any other reason is settled with `cuCtxSynchronize`. If that
+//!    succeeds, every piece of work of the context has finished. If it fails with the same error,
+//!    the error is sticky: the driver repeated it for a call that did not cause it, and a context
+//!    in that state runs no more work. Either way the wait returns the error.
+//! 5. Where none of this can prove the work finished, the process is **aborted**, with a line on
+//!    stderr that starts with `cuda-vmm: aborting:`. That covers a capture that outlasts
+//!    [`CAPTURE_PATIENCE`], an error that is neither repeated nor cleared, and a context that
+//!    cannot be made current for any reason but a driver shutting down. Returning would let
+//!    borrows end under running work, and unwinding would too. A process abort is the only answer
+//!    that stays sound.
+
+use core::ptr;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use crate::error::{DriverError, Error, check};
+use crate::sys;
+
+/// How long a wait polls for a capture it cannot end itself before it aborts the process. A
+/// capture normally lasts microseconds to milliseconds, while the host queues a step.
+pub(crate) const CAPTURE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The longest pause between two polls.
+const LONGEST_PAUSE: Duration = Duration::from_millis(1);
+
+/// What a wait waits for.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    /// Every operation queued on the stream (the null handle: the context's legacy default stream).
+    Stream(sys::CUstream),
+    /// The event's last record.
+    Event(sys::CUevent),
+    /// Every operation queued in the context.
+    Context,
+}
+
+/// Waits until every operation queued on `stream`, a live stream of `context` (or null for its
+/// legacy default stream), has finished. See the [module documentation](self).
+///
+/// # Errors
+/// [`Error::StreamCapturing`] where the stream was capturing and the wait ended the capture; a
+/// driver error where the work failed (a sticky error, proven) or the context's other work
+/// finished with the wait's error. In every case the work has finished when this returns.
+pub(crate) fn stream(context: sys::CUcontext, stream: sys::CUstream) -> Result<(), Error> {
+    wait(context, Target::Stream(stream))
+}
+
+/// Waits until `event`, a live event of `context`, has completed its last record.
+///
+/// # Errors
+/// As [`stream`]; an event last recorded in a capture is waited out, as a capture this thread
+/// cannot end.
+pub(crate) fn event(context: sys::CUcontext, event: sys::CUevent) -> Result<(), Error> {
+    wait(context, Target::Event(event))
+}
+
+/// Waits until every operation queued in `context` has finished.
+///
+/// # Errors
+/// As [`stream`].
+pub(crate) fn context(context: sys::CUcontext) -> Result<(), Error> {
+    wait(context, Target::Context)
+}
+
+/// How a synchronous driver call relates to the work it queues on the legacy default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Returns {
+    /// The call may return before its work has finished (a copy from host or between devices, a
+    /// memset, a launch): the legacy default stream is always waited for afterwards.
+    Early,
+    /// The call returns once its work has finished, when it succeeds (a copy to host memory). Only
+    /// a failed call is followed by a wait, since it may have queued the work all the same.
+    WhenDone,
+}
+
+/// Runs `call`, a synchronous copy, memset or launch on the legacy default stream of `context`,
+/// with this thread in `RELAXED` capture mode, and then waits for that stream as [`stream`] does
+/// (see [`Returns`]). When this returns, the work `call` queued has finished, whether `call`
+/// succeeded or not.
+///
+/// # Errors
+/// `call`'s error, else the wait's (as [`stream`]).
+pub(crate) fn synchronous(
+    context: sys::CUcontext,
+    returns: Returns,
+    call: impl FnOnce() -> sys::CUresult,
+) -> Result<(), Error> {
+    let _relaxed = Relaxed::enter();
+    bind(context)?;
+    let called = check(call());
+    if called.is_ok() && returns == Returns::WhenDone {
+        return Ok(());
+    }
+    let waited = stream(context, ptr::null_mut());
+    called?;
+    waited
+}
+
+/// `cuStreamIsCapturing`: `true` where `stream` (of the current context) is capturing a graph,
+/// valid or invalidated.
+///
+/// # Errors
+/// The driver's error, such as `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for the legacy default stream
+/// while a blocking stream of its context captures.
+pub(crate) fn is_capturing(stream: sys::CUstream) -> Result<bool, DriverError> {
+    let mut status: u32 = sys::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `status` is writable for the call; the caller passes a live stream of the current
+    // context. The status is read as an integer, never as an enum.
+    check(unsafe { sys::cuStreamIsCapturing(stream, &raw mut status) })?;
+    Ok(status != sys::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// The calling thread's capture mode set to `RELAXED` for as long as the value lives, and given
+/// back when it is dropped. Local to the frames of this module: it is never handed out, so a
+/// forgotten one cannot leave a thread relaxed.
+struct Relaxed {
+    /// The mode to give back; `None` where the exchange failed (the wait then runs in the thread's
+    /// own mode, and a refusal is handled as a failed wait).
+    previous: Option<u32>,
+}
+
+impl Relaxed {
+    fn enter() -> Relaxed {
+        let mut mode = sys::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is readable and writable for the call; the exchange concerns only the
+        // calling thread and needs no context.
+        let code = unsafe { sys::cuThreadExchangeStreamCaptureMode(&raw mut mode) };
+        Relaxed {
+            previous: check(code).is_ok().then_some(mode),
+        }
+    }
+}
+
+impl Drop for Relaxed {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.previous {
+            // SAFETY: as in `enter`; `mode` is the value the driver gave this thread back then.
+            // An error is ignored: the thread keeps the `RELAXED` mode, which makes none of its
+            // later calls less safe (the driver still refuses what conflicts with a capture).
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&raw mut mode) };
+        }
+    }
+}
+
+/// Polls a condition that only someone else can end, for at most [`CAPTURE_PATIENCE`].
+struct Patience {
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Patience {
+    fn new() -> Patience {
+        Patience {
+            since: None,
+            pause: Duration::from_micros(10),
+        }
+    }
+
+    /// Sleeps a little (10 µs first, twice as long each time, 1 ms at most), or aborts the process
+    /// once [`CAPTURE_PATIENCE`] has passed since the first pause.
+    fn pause(&mut self, error: DriverError) {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= CAPTURE_PATIENCE {
+            abort(format_args!(
+                "a wait for GPU work stayed refused for {CAPTURE_PATIENCE:?} by a stream capture \
+                 this thread cannot end ({error}); returning would end borrows while the work may \
+                 still run"
+            ));
+        }
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+    }
+}
+
+/// Whether `error` is one of the stream-capture family (900–908), which the driver answers at
+/// once, without waiting and without a sticky error.
+fn is_capture_error(error: DriverError) -> bool {
+    (900..=908).contains(&error.code())
+}
+
+/// Prints why, then aborts the process: the last resort where no wait can be proven.
+fn abort(why: core::fmt::Arguments<'_>) -> ! {
+    // A failed write changes nothing: the process aborts either way.
+    let _ = writeln!(std::io::stderr(), "cuda-vmm: aborting: {why}");
+    std::process::abort()
+}
+
+/// `cuCtxSetCurrent` of `context`, on which the wait depends. Only a driver that is shutting down
+/// (`CUDA_ERROR_DEINITIALIZED`, which runs no more work) is an error; any other failure aborts.
+fn bind(context: sys::CUcontext) -> Result<(), Error> {
+    // SAFETY: the caller passes a context it keeps retained for the call.
+    match check(unsafe { sys::cuCtxSetCurrent(context) }) {
+        Ok(()) => Ok(()),
+        Err(error) if error == DriverError::DEINITIALIZED => Err(error.into()),
+        Err(error) => abort(format_args!(
+            "the context of a wait for GPU work could not be made current ({error})"
+        )),
+    }
+}
+
+fn wait(context: sys::CUcontext, target: Target) -> Result<(), Error> {
+    let _relaxed = Relaxed::enter();
+    bind(context)?;
+    let mut patience = Patience::new();
+    let mut ended = false;
+    loop {
+        let code = match target {
+            // SAFETY: a live stream of the current context (bound above), or null for its legacy
+            // default stream: the caller's guarantee.
+            Target::Stream(stream) => unsafe { sys::cuStreamSynchronize(stream) },
+            // SAFETY: a live event of the current context: the caller's guarantee.
+            Target::Event(event) => unsafe { sys::cuEventSynchronize(event) },
+            // SAFETY: no arguments; the context is current (bound above).
+            Target::Context => unsafe { sys::cuCtxSynchronize() },
+        };
+        let Err(error) = check(code) else {
+            return if ended {
+                Err(Error::StreamCapturing {
+                    what: "a stream being waited for was capturing: the wait ended the capture \
+                           and destroyed its graph (which held addresses of lent memory), then \
+                           waited for the work queued before it",
+                })
+            } else {
+                Ok(())
+            };
+        };
+        if !is_capture_error(error) {
+            return settle(error, &mut patience);
+        }
+        match target {
+            Target::Stream(stream) if end_capture(stream) => ended = true,
+            _ => patience.pause(error),
+        }
+    }
+}
+
+/// After a wait failed with `error`, not a capture's: `cuCtxSynchronize` proves the work finished
+/// (success) or the error sticky (the same error again); a capture in the way is waited out; any
+/// other answer aborts.
+fn settle(error: DriverError, patience: &mut Patience) -> Result<(), Error> {
+    loop {
+        // SAFETY: no arguments; the context is current (bound by `wait`).
+        match check(unsafe { sys::cuCtxSynchronize() }) {
+            Ok(()) => return Err(error.into()),
+            Err(again) if again == error => return Err(error.into()),
+            Err(again) if is_capture_error(again) => patience.pause(again),
+            Err(again) => abort(format_args!(
+                "a wait for GPU work failed with {error}, and the context's own wait with {again}: \
+                 neither proves the work finished nor the error sticky"
+            )),
+        }
+    }
+}
+
+/// Ends the capture of `stream` where the driver lets this thread end it (`cuStreamEndCapture`)
+/// and destroys its graph. `true` where it did: the stream no longer captures.
+fn end_capture(stream: sys::CUstream) -> bool {
+    if !matches!(is_capturing(stream), Ok(true)) {
+        return false;
+    }
+    let mut graph: sys::CUgraph = ptr::null_mut();
+    // SAFETY: `graph` is writable for the call; `stream` is a live stream of the current context,
+    // capturing (checked just above). A capture this thread may not end (begun on another stream,
+    // or on another thread in a mode other than RELAXED) is refused and left as it is.
+    let code = unsafe { sys::cuStreamEndCapture(stream, &raw mut graph) };
+    if !graph.is_null() {
+        // SAFETY: a graph the driver just made for this call, owned by nothing else and destroyed
+        // once; it was never instantiated.
+        let _ = unsafe { sys::cuGraphDestroy(graph) };
+    }
+    // An invalidated capture ends with an error and no graph: what matters is that it has ended.
+    let _ = code;
+    matches!(is_capturing(stream), Ok(false))
+}
