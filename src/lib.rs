@@ -76,6 +76,7 @@
 //! | queued work writes only through writable views | writes into a read-only mapping, failing on the stream | `stream/read_only_view_lent_for_writing` |
 //! | a view lent to cudarc (`interop::cudarc::scope`, feature `cudarc`) keeps its mapping, grant and owner until the scope has waited for its stream, and does not leave the scope | cudarc's queued work on unmapped or revoked memory | `cudarc/view_unmapped_while_queued`, `cudarc/lent_view_escapes_scope` |
 //! | a read-only view lent to cudarc is no cudarc copy destination (`DevicePtrMut`) and no written kernel argument | writes into a read-only mapping | `cudarc/read_only_view_copied_into`, `cudarc/read_only_view_written_by_kernel` |
+//! | no wait returns while work it waits for can still run, under stream capture too; no work that borrows memory is queued on a capturing stream | a scope or copy returning on a refused wait (900–908) while the work runs on | run time: [`Error::StreamCapturing`], and an abort where nothing proves the work finished ([When a wait fails](scope#when-a-wait-fails)) |
 //!
 //! Which pages of a [`VirtualBuffer`] or ranges of a [`SharedReservation`] are mapped is a run-time
 //! value, so a new page or owned mapping over a mapped one, an unmap that would cut a page and a view
@@ -123,7 +124,10 @@
 //! # Contexts
 //! Driver calls that need a current context make their own context current first (`cuCtxSetCurrent`) and
 //! leave it current on the calling thread. Every copy returns only once it has finished, except the
-//! work queued on a [`Stream`] inside [`scope`], which has finished when [`scope`] returns.
+//! work queued on a [`Stream`] inside [`scope`], which has finished when [`scope`] returns. Every
+//! wait holds under stream capture, also from other threads: it returns only once the work has
+//! finished, and aborts the process where nothing can prove that
+//! ([When a wait fails](scope#when-a-wait-fails)).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 // Library code returns errors; it never panics (the unit tests may).

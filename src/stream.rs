@@ -602,14 +602,35 @@ fn host_bytes<T>(len: usize) -> Result<usize, Error> {
 /// say).
 ///
 /// # When a wait fails
-/// `cuStreamSynchronize` fails for an error of earlier asynchronous work (a kernel fault, say), which
-/// is sticky: the context runs no more work, and every later call in it fails, until the primary
-/// context is reset, which cannot happen while a stream, event or pinned buffer of it lives (each
-/// keeps it retained). So nothing queued touches the borrowed memory after `scope` returns; but which
-/// operations ran before the fault is unknown, so the bytes they were to write are unspecified. (The
-/// only other failures, of the wait or of making the stream's retained context current, come from a
-/// driver that is shutting down, which runs no more work either.) `scope` waits for every other
-/// stream even after one wait failed, and returns the first error.
+/// A failed `cuStreamSynchronize` does not by itself mean that the work has stopped. Under stream
+/// capture the driver refuses a wait at once, without waiting, and the error (900–908) is not
+/// sticky: the work queued before runs on. That happens on a stream that is capturing a graph,
+/// and, in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So
+/// every wait of this crate (this scope's, cudarc's scope's, the ends of
+/// [`ScopedAccess`](crate::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
+/// wait that holds:
+/// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
+///   thread's capture refuses the wait;
+/// - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
+///   where this thread may end it, and is then waited for. No graph keeps an address lent to the
+///   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;
+/// - a capture this thread may not end is waited out, for up to 10 seconds. That is one the stream
+///   joined from another stream, or one another thread began in a mode other than `RELAXED`;
+/// - any other failure is settled by `cuCtxSynchronize`. Success proves that the work finished. The
+///   same error again proves it sticky: the context runs no more work until the primary context is
+///   reset, which cannot happen while a stream, event or pinned buffer of it lives (each keeps it
+///   retained).
+///
+/// So when `scope` returns, with `Ok` or an error, nothing queued touches the borrowed memory any
+/// more. After a fault, which operations ran before it is unknown, so the bytes they were to write
+/// are unspecified. Where nothing proves the work finished, the process **aborts** with a line on
+/// stderr that starts with `cuda-vmm: aborting:`: a capture outlasting the 10 seconds, or an
+/// error neither repeated nor cleared. Returning, or unwinding, would end the borrows under
+/// running work. `scope` waits for every other stream even after one wait failed, and returns the
+/// first error.
+///
+/// Work is not queued onto a stream that is capturing: each operation checks first
+/// (`cuStreamIsCapturing`) and returns [`Error::StreamCapturing`] before any work is queued.
 ///
 /// # Lifetimes
 /// - `'scope`: the lifetime of the scope itself — while `f` runs and until every queued operation
@@ -815,7 +836,9 @@ impl<'a, S> Streams<'a, S> {
 ///
 /// Every operation checks its arguments before any driver call: lengths, and that the stream's
 /// device reaches each view's memory ([`DeviceSlice::reachable_from`]; [`Error::NoPeerAccess`]
-/// otherwise). It then queues the work and returns at once. An operation that writes device memory
+/// otherwise). It then checks that the stream is not capturing a graph, which could run the work
+/// after the scope ([`Error::StreamCapturing`], before any work is queued), queues the work and
+/// returns at once. An operation that writes device memory
 /// returns a read-only view of it, valid for the scope, for work ordered after it (on this stream,
 /// or on another behind an [`Event`]); one that writes host memory returns a [`HostInFlight`] for
 /// the same purpose. The host reads the results after [`scope`] has returned.

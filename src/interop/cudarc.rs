@@ -68,6 +68,33 @@
 //!   builder on that stream, after checking that it is not capturing; beginning a capture between
 //!   the builder and the launch breaks the condition).
 //!
+//! - **The wait holds under stream capture.** It is the crate's one wait (see
+//!   [When a wait fails](crate::scope#when-a-wait-fails)): another thread's capture does not refuse
+//!   it, and a capture begun on the scope's stream inside the closure (cudarc's safe
+//!   `begin_capture`) is ended by the scope, its graph destroyed, before the scope waits for the work
+//!   queued before it and returns [`Error::StreamCapturing`].
+//!
+//! # What it does not cover
+//! - **cudarc's copies into page-locked memory.** cudarc's `memcpy_dtoh` treats every `&mut [T]`
+//!   as pageable memory, into which the driver copies before returning, and so returns as soon as
+//!   the copy is queued. Where page-locked memory is behind the slice (a
+//!   [`PinnedBuffer`](crate::PinnedBuffer) dereferenced, or cudarc's own `PinnedHostSlice`), the
+//!   copy is still running when it returns (`tests/cudarc.rs` shows it), and reading that memory
+//!   before the scope returns is a data race that neither crate prevents. Copy into pageable memory
+//!   (a `Vec`) with cudarc, or into a `PinnedBuffer` with this crate's
+//!   [`ScopedStream::copy_to_host`](crate::ScopedStream::copy_to_host), whose borrow lasts until the
+//!   scope has waited.
+//! - **A capture begun and ended by another thread between a lent view's check and cudarc's
+//!   enqueue.** A lent view gives its address only while the scope's stream is not capturing, and
+//!   the scope checks again at its end. A capture that another thread begins on the scope's stream
+//!   after the check, and ends before the scope ends, records the address into a graph that the
+//!   scope never sees. Do not capture the scope's stream from another thread while the scope runs.
+//! - **Result codes newer than cudarc's table.** cudarc reads every `CUresult` into a Rust enum.
+//!   The interop builds cudarc with the CUDA 13.4 API, whose enum holds every code of this crate's
+//!   table (13.0's lacks 917 and 918, which 13.x drivers return). A later driver that returns a code
+//!   beyond 919 to one of cudarc's own calls would make that call undefined behaviour inside cudarc.
+//!   This crate's own driver calls never go through cudarc.
+//!
 //! # Contexts and streams
 //! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
 //! context (`cuDevicePrimaryCtxRetain`), as this crate's [`Context`] does: one context per device,
@@ -118,9 +145,11 @@ use crate::wait;
 /// than this crate links (checked once per process); a driver error where the device or the capture
 /// status cannot be read. After it, in this order: [`Error::StreamRefused`] where a lent view was
 /// refused to an operation (another stream, a copy between two contexts, a capture: the first such
-/// refusal, which explains whatever error cudarc returned for the operation); `f`'s error; the
-/// driver's error of the wait (a sticky error of earlier work, see
-/// [When a wait fails](crate::scope#when-a-wait-fails)).
+/// refusal, which explains whatever error cudarc returned for the operation); `f`'s error;
+/// [`Error::StreamCapturing`] where the stream was capturing when the closure returned (the scope
+/// ended the capture and destroyed its graph); the driver's error of the wait (a sticky error of
+/// earlier work, see [When a wait fails](crate::scope#when-a-wait-fails)). Whatever it returns, the
+/// work queued on the stream has finished.
 ///
 /// # Panics
 /// Resumes a panic of `f`, after waiting for the stream.
