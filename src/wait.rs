@@ -256,10 +256,12 @@ fn wait(context: sys::CUcontext, target: Target) -> Result<(), Error> {
         if !is_capture_error(error) {
             return settle(error, &mut patience);
         }
-        match target {
-            Target::Stream(stream) if end_capture(stream) => ended = true,
-            _ => patience.pause(error),
+        if let Target::Stream(stream) = target {
+            ended |= end_capture(stream);
         }
+        // Also after ending a capture: a thread that keeps beginning new ones is waited out, not
+        // spun on.
+        patience.pause(error);
     }
 }
 
@@ -300,4 +302,26 @@ fn end_capture(stream: sys::CUstream) -> bool {
     // An invalidated capture ends with an error and no graph: what matters is that it has ended.
     let _ = code;
     matches!(is_capturing(stream), Ok(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_capture_error;
+    use crate::DriverError;
+
+    #[test]
+    fn the_capture_family_is_900_to_908() {
+        let family: Vec<u32> = (1..=1000)
+            .filter_map(DriverError::from_raw)
+            .filter(|&e| is_capture_error(e))
+            .map(DriverError::code)
+            .collect();
+        assert_eq!(family, (900..=908).collect::<Vec<u32>>());
+        assert_eq!(
+            DriverError::STREAM_CAPTURE_WRONG_THREAD.code(),
+            908,
+            "the family ends with the wrong-thread error"
+        );
+        assert!(!is_capture_error(DriverError::TIMEOUT));
+    }
 }
