@@ -16,8 +16,9 @@
 //!
 //! What the types do here: each slot, input, output and host chunk is lent to the scope, so none can
 //! be unmapped, regranted, freed or read on the host before the scope has waited for both GPUs; the
-//! consumer reads what the producer wrote through the read-only view the producer's launch handed
-//! back; a view GPU 1 cannot reach is refused before the driver.
+//! consumer reads what the producer wrote through the `DeviceInFlight` the producer's launch handed
+//! back, which only queued work (ordered behind an event) can read; a view GPU 1 cannot reach is
+//! refused before the driver.
 //!
 //! Run with `./with-libcuda cargo run --release --example pipeline [-- --staged]`. Needs two GPUs with
 //! VMM support; with fewer it says so and exits successfully.

@@ -71,7 +71,7 @@
 //! | an imported allocation is not used after its release | `cuMemMap` of a released handle | `ipc/imported_used_after_release` |
 //! | a CPU slice of host memory does not outlive its CPU grant | CPU access after the grant ended | `host/slice_outlives_host_grant` |
 //! | the CPU borrows host memory only while no device view of the mapping, and no alias mapping, exists | a device write racing a Rust `&mut [T]` | `host/slice_mut_while_device_view_writable`, `host/aliased_while_host_mapped` |
-//! | work queued inside [`scope`] borrows its views, host memory and kernel until the scope has waited for it: nothing lent is dropped, freed, unmapped or regranted meanwhile, and what queued work writes is not touched at all | a queued copy or kernel on unmapped, revoked or freed memory; DMA into freed host memory, or racing a host access | `stream/view_written_while_lent`, `stream/view_dropped_while_lent`, `stream/mapping_unmapped_while_lent`, `stream/buffer_shrunk_while_lent`, `stream/grant_changed_while_lent`, `stream/host_buffer_dropped_while_lent`, `stream/host_buffer_read_while_download_queued`, `stream/module_unloaded_while_kernel_queued` |
+//! | work queued inside [`scope`] borrows its views, host memory and kernel until the scope has waited for it: nothing lent is dropped, freed, unmapped or regranted meanwhile, and what queued work writes is not touched at all: the host reads it only after the scope (a write hands back a `DeviceInFlight` or `HostInFlight`, which only later queued work reads: no host read, no synchronous copy, no way back to a `DeviceSlice`) | a queued copy or kernel on unmapped, revoked or freed memory; DMA into freed host memory, or racing a host access; a synchronous read on the legacy stream of bytes a queued write is still writing | `stream/view_written_while_lent`, `stream/view_dropped_while_lent`, `stream/mapping_unmapped_while_lent`, `stream/buffer_shrunk_while_lent`, `stream/grant_changed_while_lent`, `stream/host_buffer_dropped_while_lent`, `stream/host_buffer_read_while_download_queued`, `stream/written_view_read_on_host`, `stream/written_view_copied_between`, `stream/written_view_lent_out_of_the_seal`, `stream/module_unloaded_while_kernel_queued` |
 //! | only what outlives a scope is lent to its work, and a [`ScopedStream`] does not leave its scope (`'scope` is invariant) | queued work outliving what it uses | `stream/closure_local_lent_to_queued_work`, `stream/scoped_stream_escapes_scope` |
 //! | queued work writes only through writable views | writes into a read-only mapping, failing on the stream | `stream/read_only_view_lent_for_writing` |
 //! | a view lent to cudarc (`interop::cudarc::scope`, feature `cudarc`) keeps its mapping, grant and owner until the scope has waited for its stream, and does not leave the scope | cudarc's queued work on unmapped or revoked memory | `cudarc/view_unmapped_while_queued`, `cudarc/lent_view_escapes_scope` |
@@ -179,8 +179,8 @@ pub use physical::{
 };
 pub use reservation::{Region, VirtualReservation};
 pub use stream::{
-    Event, HostInFlight, HostSource, KernelArg, KernelArgs, PinnedBuffer, Scope, ScopedRead,
-    ScopedStream, ScopedWrite, Stream, scope,
+    DeviceInFlight, Event, HostInFlight, HostSource, KernelArg, KernelArgs, PinnedBuffer, Scope,
+    ScopedRead, ScopedStream, ScopedWrite, Stream, scope,
 };
 pub use transfer::{
     CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,

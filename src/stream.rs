@@ -586,10 +586,14 @@ fn host_bytes<T>(len: usize) -> Result<usize, Error> {
 /// Between streams, [`Event`]s order work: [`Stream::record`] marks a point in one stream,
 /// [`Stream::wait`] makes another stream, of any device, wait for it. A writable view is lent to
 /// one operation for the rest of the scope, as `&mut` is to one scoped thread; an operation that
-/// writes hands back a read-only view of what it writes ([`DeviceSlice<'scope, T>`](DeviceSlice), or
-/// a [`HostInFlight`] for host memory), with which work ordered after it (on the same stream, or
-/// behind an event) reads the result. To write the same memory again, split the view first
-/// ([`DeviceSliceMut::split_at_mut`]) or use another scope.
+/// writes hands back a handle of what it writes, a [`DeviceInFlight`] for device memory or a
+/// [`HostInFlight`] for host memory, with which only work queued after it (on the same stream, or
+/// behind an event) reads the result. Neither gives the host any access to the bytes, which the
+/// queued work may still be writing: a `DeviceInFlight` has no host read, is no source of the
+/// synchronous copies (which run on the legacy default stream, which does not wait for the
+/// scope's streams), and does not become a [`DeviceSlice`]. The host reads the results after
+/// `scope` has returned, through the views and buffers it lent. To write the same memory again,
+/// split the view first ([`DeviceSliceMut::split_at_mut`]) or use another scope.
 ///
 /// # Why it is sound, also under `mem::forget`
 /// The wait is in no value the caller holds. `scope` runs `f`, then waits for every stream
@@ -838,10 +842,10 @@ impl<'a, S> Streams<'a, S> {
 /// device reaches each view's memory ([`DeviceSlice::reachable_from`]; [`Error::NoPeerAccess`]
 /// otherwise). It then checks that the stream is not capturing a graph, which could run the work
 /// after the scope ([`Error::StreamCapturing`], before any work is queued), queues the work and
-/// returns at once. An operation that writes device memory
-/// returns a read-only view of it, valid for the scope, for work ordered after it (on this stream,
-/// or on another behind an [`Event`]); one that writes host memory returns a [`HostInFlight`] for
-/// the same purpose. The host reads the results after [`scope`] has returned.
+/// returns at once. An operation that writes device memory returns a [`DeviceInFlight`] of it,
+/// valid for the scope, which only work queued after it (on this stream, or on another behind an
+/// [`Event`]) reads; one that writes host memory returns a [`HostInFlight`] for the same purpose.
+/// The host reads the results after [`scope`] has returned.
 ///
 /// It dereferences to the [`Stream`], whose [`record`](Stream::record) and [`wait`](Stream::wait)
 /// order work between streams.
@@ -896,7 +900,9 @@ impl<'scope> ScopedStream<'scope> {
     /// the closure); `src` is `&[T]`, `&PinnedBuffer<T>` or the [`HostInFlight`] of an earlier
     /// download, borrowed for the rest of the scope. Only page-locked memory ([`PinnedBuffer`])
     /// overlaps: from pageable memory the driver first copies `src` into its own staging memory
-    /// before this returns. Returns a read-only view of `dst`, for work ordered after the copy.
+    /// before this returns. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy
+    /// (on this stream, or behind an [`Event`]) reads it; the host reads `dst` after [`scope`] has
+    /// returned, through the view it lent.
     ///
     /// # Errors
     /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
@@ -907,7 +913,7 @@ impl<'scope> ScopedStream<'scope> {
         &self,
         dst: impl ScopedWrite<'scope, T>,
         src: impl HostSource<'scope, T>,
-    ) -> Result<DeviceSlice<'scope, T>, Error> {
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
         let dst = dst.lend_mut();
         let (src, len) = src.host_parts();
         check_len(dst.len(), len)?;
@@ -926,16 +932,17 @@ impl<'scope> ScopedStream<'scope> {
                 )
             }?;
         }
-        Ok(dst)
+        Ok(DeviceInFlight { view: dst })
     }
 
     /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
     ///
     /// `dst` is borrowed mutably for the rest of the scope (`&mut pinned_buffer`, or a part of it), so
     /// nothing reads or writes it until the scope has waited for the copy; `src` is a view lent for
-    /// the rest of the scope. Only page-locked memory ([`PinnedBuffer`]) overlaps: into pageable
-    /// memory the driver returns only once the copy is done. Returns a [`HostInFlight`] of `dst`,
-    /// with which a later queued upload (ordered after this copy) reads what this one wrote.
+    /// the rest of the scope, also the [`DeviceInFlight`] of an earlier write ordered before this
+    /// copy. Only page-locked memory ([`PinnedBuffer`]) overlaps: into pageable memory the driver
+    /// returns only once the copy is done. Returns a [`HostInFlight`] of `dst`, with which a later
+    /// queued upload (ordered after this copy) reads what this one wrote.
     ///
     /// # Errors
     /// As [`copy_from_host`](ScopedStream::copy_from_host), for `src`.
@@ -945,7 +952,7 @@ impl<'scope> ScopedStream<'scope> {
         dst: &'scope mut [T],
         src: impl ScopedRead<'scope, T>,
     ) -> Result<HostInFlight<'scope, T>, Error> {
-        let src = src.lend();
+        let src = lend(src);
         check_len(dst.len(), src.len())?;
         reachable(&src, self.device())?;
         self.stream.admit_work()?;
@@ -974,7 +981,9 @@ impl<'scope> ScopedStream<'scope> {
     /// `cuMemcpyDtoDAsync` — queue a copy of `src` into `dst` (the same length), which may belong to
     /// two devices: the stream's device must reach both views' memory (a VMM grant that names it, a
     /// peer view under a guard, or its own memory), so the copy runs over the link, never through the
-    /// driver's hidden staging. Returns a read-only view of `dst`, for work ordered after the copy.
+    /// driver's hidden staging. `src` may be the [`DeviceInFlight`] of an earlier write, ordered
+    /// before this copy. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy (on
+    /// this stream, or behind an [`Event`]) reads it.
     ///
     /// # Errors
     /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
@@ -986,8 +995,8 @@ impl<'scope> ScopedStream<'scope> {
         &self,
         dst: impl ScopedWrite<'scope, T>,
         src: impl ScopedRead<'scope, T>,
-    ) -> Result<DeviceSlice<'scope, T>, Error> {
-        let (dst, src) = (dst.lend_mut(), src.lend());
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        let (dst, src) = (dst.lend_mut(), lend(src));
         check_len(dst.len(), src.len())?;
         reachable(&dst, self.device())?;
         reachable(&src, self.device())?;
@@ -1008,11 +1017,12 @@ impl<'scope> ScopedStream<'scope> {
                 )
             })?;
         }
-        Ok(dst)
+        Ok(DeviceInFlight { view: dst })
     }
 
     /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
-    /// Returns a read-only view of `dst`, for work ordered after it.
+    /// Returns a [`DeviceInFlight`] of `dst`: only work queued after the memset (on this stream, or
+    /// behind an [`Event`]) reads it.
     ///
     /// # Errors
     /// [`Error::NoPeerAccess`] where the stream's device does not reach `dst`'s memory (before any
@@ -1022,7 +1032,7 @@ impl<'scope> ScopedStream<'scope> {
         &self,
         dst: impl ScopedWrite<'scope, T>,
         byte: u8,
-    ) -> Result<DeviceSlice<'scope, T>, Error> {
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
         let dst = dst.lend_mut();
         reachable(&dst, self.device())?;
         self.stream.admit_work()?;
@@ -1040,16 +1050,17 @@ impl<'scope> ScopedStream<'scope> {
                 )
             })?;
         }
-        Ok(dst)
+        Ok(DeviceInFlight { view: dst })
     }
 
     /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
     /// typed arguments ([`KernelArgs`]): read-only views (`&DeviceSlice`, `DeviceSlice`,
-    /// `&DeviceSliceMut`), writable views (`&mut DeviceSliceMut`, `DeviceSliceMut`), each passed
-    /// to the kernel as its device address (a `u64`), and plain values ([`Pod`]), passed as they
-    /// are. Views and the kernel are borrowed for the rest of the scope, writable views
-    /// exclusively. Returns, for each argument in order, a read-only view of each writable view
-    /// (for work ordered after the kernel) and `()` for the others.
+    /// `&DeviceSliceMut`, and the [`DeviceInFlight`] of an earlier write), writable views
+    /// (`&mut DeviceSliceMut`, `DeviceSliceMut`), each passed to the kernel as its device address
+    /// (a `u64`), and plain values ([`Pod`]), passed as they are. Views and the kernel are borrowed
+    /// for the rest of the scope, writable views exclusively. Returns, for each argument in order,
+    /// a [`DeviceInFlight`] of each writable view, which only work queued after the kernel (on this
+    /// stream, or behind an [`Event`]) reads, and `()` for the others.
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for an empty grid or block; [`Error::DeviceMismatch`] for a kernel loaded
@@ -1172,6 +1183,133 @@ impl<T> HostInFlight<'_, T> {
     }
 }
 
+/// Device memory that a queued write writes ([`ScopedStream::copy_from_host`],
+/// [`copy_from_device`](ScopedStream::copy_from_device), [`memset`](ScopedStream::memset), and each
+/// writable argument of [`launch`](ScopedStream::launch)): usable only by later queued work, ordered
+/// after the write by the caller (on the same stream, or behind an [`Event`]), as the source of a
+/// copy ([`ScopedStream::copy_to_host`], [`ScopedStream::copy_from_device`]), a read-only kernel
+/// argument, or a view lent to cudarc for reading (`interop::cudarc::Scope::lend`, feature
+/// `cudarc`). The host reads the bytes after [`scope`] has returned, through the view it lent.
+///
+/// It gives the host nothing: it has no `to_vec` or synchronous `copy_to_host` of its own, does
+/// not become a [`DeviceSlice`], and is no source of [`copy_between`](crate::copy_between) or
+/// [`DeviceSliceMut::copy_from_device`]. Those run on the legacy default stream, which does not
+/// wait for the non-blocking streams of this crate, so they would read bytes the queued work is
+/// still writing.
+///
+/// # Lifetimes
+/// `'scope` is the exclusive borrow of the written view, which lasts the scope.
+///
+/// # Examples
+/// Upload, then hand the result to a kernel on the same stream and to a download on another one,
+/// behind an event:
+/// ```no_run
+/// use cuda_vmm::{Context, Device, DeviceBuffer, Event, Module, PinnedBuffer, Stream};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let ptx = c"";
+/// let context = Context::new(Device::get(0)?)?;
+/// let module = Module::load_ptx(&context, ptx)?;
+/// let scale = module.function(c"scale")?; // scale(const float* x, float* y, unsigned n)
+/// let mut x = DeviceBuffer::<f32>::zeroed(&context, 256)?;
+/// let mut y = DeviceBuffer::<f32>::zeroed(&context, 256)?;
+/// let input = PinnedBuffer::from_slice(&context, &[1.5f32; 256])?;
+/// let mut output = PinnedBuffer::<f32>::zeroed(&context, 256)?;
+/// let (work, down) = (Stream::new(&context)?, Stream::new(&context)?);
+/// let done = Event::new(&context)?;
+/// let (mut x_view, mut y_view) = (x.as_mut_slice(), y.as_mut_slice());
+///
+/// cuda_vmm::scope(|s| {
+///     let work = s.on(&work);
+///     let uploaded = work.copy_from_host(&mut x_view, &input)?; // a DeviceInFlight
+///     // SAFETY: `scale` takes two float pointers and a count, and touches `n` values of each.
+///     let (_, scaled, _) = unsafe {
+///         work.launch(&scale, (1, 1, 1), (256, 1, 1), (uploaded, &mut y_view, 256u32))?
+///     };
+///     work.record(&done)?;
+///     let down = s.on(&down);
+///     down.wait(&done)?; // ordered after the kernel
+///     down.copy_to_host(&mut output, scaled)?;
+///     Ok(())
+/// })?;
+/// // The scope has waited: the host reads the results, here and through the views.
+/// assert_eq!(y_view.to_vec()?, output.to_vec());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// The host cannot read it inside the scope, where the queued write may still be running:
+/// ```compile_fail,E0599
+/// # use cuda_vmm::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let context = Context::new(Device::get(0)?)?;
+/// # let mut device = DeviceBuffer::<u32>::zeroed(&context, 1024)?;
+/// # let mut view = device.as_mut_slice();
+/// let input = PinnedBuffer::from_slice(&context, &[1u32; 1024])?;
+/// let stream = Stream::new(&context)?;
+/// cuda_vmm::scope(|s| {
+///     let written = s.on(&stream).copy_from_host(&mut view, &input)?;
+///     let bytes = written.to_vec()?; // the copy may not have run yet
+///     Ok(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct DeviceInFlight<'scope, T> {
+    /// The written memory, lent exclusively to the queued work for `'scope` and seen read-only.
+    /// Private: only this crate's queued operations get it ([`ScopedRead::lend`]).
+    view: DeviceSlice<'scope, T>,
+}
+
+impl<T> Clone for DeviceInFlight<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DeviceInFlight<'_, T> {}
+
+impl<T> fmt::Debug for DeviceInFlight<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DeviceInFlight").field(&self.view).finish()
+    }
+}
+
+impl<T: Pod> DeviceInFlight<'_, T> {
+    /// The number of values.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.view.is_empty()
+    }
+
+    /// The device whose context the written view's copies run in.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.view.device()
+    }
+
+    /// The device address of the first value: an escape hatch that owns nothing and frees nothing.
+    /// The bytes behind it may still be being written by the queued work until [`scope`] has
+    /// returned; reading them through the address before then, other than in work ordered after
+    /// the write, reads unspecified bytes.
+    #[must_use]
+    pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
+        self.view.as_raw_ptr()
+    }
+
+    /// Whether `device` can read this memory directly while the scope lasts: as
+    /// [`DeviceSlice::reachable_from`] of the written view.
+    #[must_use]
+    pub fn reachable_from(&self, device: Device) -> bool {
+        self.view.reachable_from(device)
+    }
+}
+
 mod sealed {
     /// Sealing the lending traits: the scope's soundness rests on exactly these implementations.
     pub trait Read {}
@@ -1179,22 +1317,49 @@ mod sealed {
     pub trait Host {}
     pub trait Arg {}
     pub trait Args {}
+
+    /// The argument of [`ScopedRead::lend`](super::ScopedRead::lend), which only this crate can
+    /// make (its field is private to this module). A public method of a public trait can be called
+    /// by any code that names the trait; moving it to a supertrait in this private module would not
+    /// help either, since a generic bound on the public trait makes the supertrait's methods
+    /// callable too. So `lend` takes a value that code outside the crate cannot have. Without it,
+    /// `written.lend()` would turn a [`DeviceInFlight`](super::DeviceInFlight) back into a
+    /// `DeviceSlice`, and its host reads (`ui-tests/stream/written_view_lent_out_of_the_seal.rs`).
+    #[derive(Debug)]
+    pub struct Token(());
+
+    impl Token {
+        pub(super) fn new() -> Token {
+            Token(())
+        }
+    }
+}
+
+/// The view `view` lends for reading, for the crate's own operations (the only callers of
+/// [`ScopedRead::lend`], which takes a [`sealed::Token`]).
+pub(crate) fn lend<'scope, T>(view: impl ScopedRead<'scope, T>) -> DeviceSlice<'scope, T> {
+    view.lend(sealed::Token::new())
 }
 
 /// A device view lent to queued work for reading, for the rest of a scope: a
 /// `DeviceSlice<'scope, T>` (made inside the closure, or copied), a `&'scope DeviceSlice<'_, T>`,
-/// or a `&'scope DeviceSliceMut<'_, T>`. Sealed.
+/// a `&'scope DeviceSliceMut<'_, T>`, or the [`DeviceInFlight<'scope, T>`](DeviceInFlight) of an
+/// earlier queued write. Sealed.
 pub trait ScopedRead<'scope, T>: sealed::Read {
-    /// The view, for `'scope`.
+    /// The view, for `'scope`. Only this crate can call it: the token is a type that no code
+    /// outside it can make, so a [`DeviceInFlight`] never becomes a host-readable view.
     #[doc(hidden)]
-    fn lend(self) -> DeviceSlice<'scope, T>;
+    fn lend(self, token: sealed::Token) -> DeviceSlice<'scope, T>;
 }
 
 /// A device view lent to queued work for writing, exclusively, for the rest of a scope: a
 /// `&'scope mut DeviceSliceMut<'_, T>`, or a `DeviceSliceMut<'scope, T>` made inside the closure.
 /// Sealed: a read-only view ([`DeviceSlice`]) is not one.
 pub trait ScopedWrite<'scope, T>: sealed::Write {
-    /// The memory, lent exclusively for `'scope`, as the read-only view the operation returns.
+    /// The memory, lent exclusively for `'scope`, as a read-only view, which the operation wraps in
+    /// the [`DeviceInFlight`] it returns. Code outside the crate can call it, to no harm: it gives
+    /// what [`DeviceSliceMut::into_slice`] and [`DeviceSliceMut::as_slice`] give, of a view that the
+    /// call consumes or borrows mutably for as long as the result lives, so no queued work holds it.
     #[doc(hidden)]
     fn lend_mut(self) -> DeviceSlice<'scope, T>;
 }
@@ -1202,27 +1367,34 @@ pub trait ScopedWrite<'scope, T>: sealed::Write {
 /// Host memory lent to queued uploads for the rest of a scope: a `&'scope [T]`, a
 /// `&'scope PinnedBuffer<T>`, or the [`HostInFlight`] of an earlier download. Sealed.
 pub trait HostSource<'scope, T>: sealed::Host {
-    /// The address and length, readable for `'scope`.
+    /// The address and length, readable for `'scope`. Code outside the crate can call it, to no
+    /// harm: a raw pointer gives nothing without `unsafe`.
     #[doc(hidden)]
     fn host_parts(self) -> (*const T, usize);
 }
 
 impl<T: Pod> sealed::Read for DeviceSlice<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for DeviceSlice<'scope, T> {
-    fn lend(self) -> DeviceSlice<'scope, T> {
+    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
         self
     }
 }
 impl<T: Pod> sealed::Read for &DeviceSlice<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for &'scope DeviceSlice<'_, T> {
-    fn lend(self) -> DeviceSlice<'scope, T> {
+    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
         *self
     }
 }
 impl<T: Pod> sealed::Read for &DeviceSliceMut<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for &'scope DeviceSliceMut<'_, T> {
-    fn lend(self) -> DeviceSlice<'scope, T> {
+    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
         self.as_slice()
+    }
+}
+impl<T: Pod> sealed::Read for DeviceInFlight<'_, T> {}
+impl<'scope, T: Pod> ScopedRead<'scope, T> for DeviceInFlight<'scope, T> {
+    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
+        self.view
     }
 }
 
@@ -1263,12 +1435,12 @@ impl<'scope, T: Pod> HostSource<'scope, T> for HostInFlight<'scope, T> {
 
 /// One argument of a kernel launched on a [`ScopedStream`]: a view lent for the rest of the scope
 /// (read-only: `DeviceSlice<'scope, T>`, `&'scope DeviceSlice<'_, T>`,
-/// `&'scope DeviceSliceMut<'_, T>`; written: `DeviceSliceMut<'scope, T>`,
-/// `&'scope mut DeviceSliceMut<'_, T>`), which the kernel receives as its device address (a `u64`),
-/// or a plain value ([`Pod`]), which it receives as it is. Sealed.
+/// `&'scope DeviceSliceMut<'_, T>`, [`DeviceInFlight<'scope, T>`](DeviceInFlight); written:
+/// `DeviceSliceMut<'scope, T>`, `&'scope mut DeviceSliceMut<'_, T>`), which the kernel receives as
+/// its device address (a `u64`), or a plain value ([`Pod`]), which it receives as it is. Sealed.
 pub trait KernelArg<'scope>: sealed::Arg {
-    /// What the launch returns for this argument: the read-only view of a written view, `()` for the
-    /// others.
+    /// What the launch returns for this argument: the [`DeviceInFlight`] of a written view, `()`
+    /// for the others.
     type Output;
     /// The value the kernel receives.
     #[doc(hidden)]
@@ -1301,10 +1473,10 @@ macro_rules! read_arg {
             type Output = ();
             type Param = sys::CUdeviceptr;
             fn check(&self, device: Device) -> Result<(), Error> {
-                reachable(&<$ty as ScopedRead<'scope, T>>::lend(*self), device)
+                reachable(&lend::<'scope, T>(*self), device)
             }
             fn into_param(self) -> (sys::CUdeviceptr, ()) {
-                (self.lend().as_raw_ptr(), ())
+                (lend::<'scope, T>(self).as_raw_ptr(), ())
             }
         }
     )*};
@@ -1312,31 +1484,32 @@ macro_rules! read_arg {
 read_arg!(
     DeviceSlice<'scope, T>,
     &'scope DeviceSlice<'_, T>,
-    &'scope DeviceSliceMut<'_, T>
+    &'scope DeviceSliceMut<'_, T>,
+    DeviceInFlight<'scope, T>
 );
 
 impl<T: Pod> sealed::Arg for DeviceSliceMut<'_, T> {}
 impl<'scope, T: Pod> KernelArg<'scope> for DeviceSliceMut<'scope, T> {
-    type Output = DeviceSlice<'scope, T>;
+    type Output = DeviceInFlight<'scope, T>;
     type Param = sys::CUdeviceptr;
     fn check(&self, device: Device) -> Result<(), Error> {
         reachable(&self.as_slice(), device)
     }
-    fn into_param(self) -> (sys::CUdeviceptr, DeviceSlice<'scope, T>) {
+    fn into_param(self) -> (sys::CUdeviceptr, DeviceInFlight<'scope, T>) {
         let written = self.lend_mut();
-        (written.as_raw_ptr(), written)
+        (written.as_raw_ptr(), DeviceInFlight { view: written })
     }
 }
 impl<T: Pod> sealed::Arg for &mut DeviceSliceMut<'_, T> {}
 impl<'scope, T: Pod> KernelArg<'scope> for &'scope mut DeviceSliceMut<'_, T> {
-    type Output = DeviceSlice<'scope, T>;
+    type Output = DeviceInFlight<'scope, T>;
     type Param = sys::CUdeviceptr;
     fn check(&self, device: Device) -> Result<(), Error> {
         reachable(&self.as_slice(), device)
     }
-    fn into_param(self) -> (sys::CUdeviceptr, DeviceSlice<'scope, T>) {
+    fn into_param(self) -> (sys::CUdeviceptr, DeviceInFlight<'scope, T>) {
         let written = self.lend_mut();
-        (written.as_raw_ptr(), written)
+        (written.as_raw_ptr(), DeviceInFlight { view: written })
     }
 }
 

@@ -335,7 +335,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     }
 
     /// A read-only view of the same elements for the whole of `'a`, giving up the writable one (as
-    /// `&'a mut [T]` becomes `&'a [T]`): what a queued write hands back for the work after it.
+    /// `&'a mut [T]` becomes `&'a [T]`).
     #[must_use]
     pub fn into_slice(self) -> DeviceSlice<'a, T> {
         DeviceSlice {

@@ -1,11 +1,11 @@
 //! cudarc interop against a real driver (feature `cudarc`): one driver and one primary context per
 //! device for both libraries (either may drop first: `tests/cudarc_context_drop.rs`); an NVRTC
 //! kernel writing a growing `VirtualBuffer` that cudarc's copy reads back; cuBLAS `sgemm` on VMM
-//! memory; a kernel on GPU 1 reading VMM memory of GPU 0 granted to it; the refusals (another
-//! stream, a graph capture) that leave the memory untouched; and the limit the interop does not
-//! cover (cudarc's copy into page-locked memory behind a `&mut [T]` returns before the copy ends).
-//! Every test skips visibly without a GPU; the NVRTC and cuBLAS parts skip visibly, with the reason,
-//! where the library cannot be loaded.
+//! memory; a kernel on GPU 1 reading VMM memory of GPU 0 granted to it; a write queued in
+//! `cuda_vmm::scope` lent on to cudarc; the refusals (another stream, a graph capture) that leave
+//! the memory untouched; and the limit the interop does not cover (cudarc's copy into page-locked
+//! memory behind a `&mut [T]` returns before the copy ends). Every test skips visibly without a GPU;
+//! the NVRTC and cuBLAS parts skip visibly, with the reason, where the library cannot be loaded.
 //!
 //! The tests take one lock each: a refused operation may leave a sticky error in the context, which
 //! the next test must not inherit (its contexts are all released when it ends, which resets the
@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use common::{devices_or_skip, gpus_or_skip, pattern, skip};
 use cuda_vmm::interop::cudarc::scope;
 use cuda_vmm::{
-    Context, Error, Granularity, PinnedBuffer, ReadWrite, VirtualBuffer, allocation_granularity,
-    can_access_peer,
+    Context, DeviceBuffer, Error, Granularity, PinnedBuffer, ReadWrite, Stream, VirtualBuffer,
+    allocation_granularity, can_access_peer,
 };
 use cudarc::driver::{CudaContext, CudaFunction, DriverError, LaunchConfig, PushKernelArg, sys};
 
@@ -293,6 +293,48 @@ fn kernel_on_one_gpu_reads_vmm_memory_of_another() -> TestResult {
         host, expected,
         "GPU 1 read GPU 0's VMM memory over the link"
     );
+    Ok(())
+}
+
+/// What a write queued inside `cuda_vmm::scope` hands back, a `DeviceInFlight`, which the host cannot
+/// read, is lent to a cudarc scope nested in it, whose copy is ordered after the write (here behind
+/// the host's wait for the uploading stream) and reads what it wrote.
+#[test]
+fn a_write_in_flight_is_lent_to_cudarc() -> TestResult {
+    let _serial = serial();
+    let test = "a_write_in_flight_is_lent_to_cudarc";
+    let Some(gpus) = gpus_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let (device, context) = &gpus[0];
+    let theirs = CudaContext::new(device.ordinal())?;
+    let cudarc_stream = theirs.new_stream()?;
+    let ours = Stream::new(context)?;
+    let n = 4096;
+    let input = PinnedBuffer::from_slice(context, &pattern(n, 5))?;
+    let mut buffer = DeviceBuffer::<u32>::zeroed(context, n)?;
+    let mut view = buffer.as_mut_slice();
+    let mut host = vec![0u32; n];
+    let copied = cuda_vmm::scope(|s| {
+        let q = s.on(&ours);
+        let written = q.copy_from_host(&mut view, &input)?;
+        // The host waits for the upload, so cudarc's copy below is ordered after it.
+        q.synchronize()?;
+        scope(
+            &cudarc_stream,
+            |c| -> Result<Result<(), DriverError>, Error> {
+                let lent = c.lend(written)?;
+                Ok(cudarc_stream.memcpy_dtoh(&lent, &mut host))
+            },
+        )
+    })?;
+    copied?;
+    assert_eq!(
+        host,
+        pattern(n, 5),
+        "cudarc read what the queued upload wrote"
+    );
+    assert_eq!(buffer.as_slice().to_vec()?, pattern(n, 5));
     Ok(())
 }
 

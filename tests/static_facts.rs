@@ -164,6 +164,13 @@ assert_not_impl_any!(cuda_vmm::Scope<'static, 'static>: Clone, Copy);
 assert_impl_all!(cuda_vmm::ScopedStream<'static>: Send, Sync, Copy);
 assert_eq_size!(cuda_vmm::ScopedStream<'static>, &cuda_vmm::Stream);
 assert_impl_all!(cuda_vmm::HostInFlight<'static, u32>: Send, Sync, Copy);
+// What a queued device write hands back is a `Copy` handle, as the `DeviceSlice` it wraps, and the same
+// size: the view, and nothing more.
+assert_impl_all!(cuda_vmm::DeviceInFlight<'static, u32>: Send, Sync, Copy);
+assert_eq_size!(
+    cuda_vmm::DeviceInFlight<'static, u32>,
+    DeviceSlice<'static, u32>
+);
 // The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only
 // lent view is a `Copy` handle, as a `DeviceSlice` is; a writable one is exclusive, as a
 // `DeviceSliceMut` is, and a copy of it would be a second writer.

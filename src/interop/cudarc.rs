@@ -300,8 +300,9 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Lends `view` for reading to the work queued on the scope's stream, for the rest of the scope:
-    /// a `DeviceSlice<'scope, T>`, a `&'scope DeviceSlice<'_, T>` or a `&'scope DeviceSliceMut<'_, T>`
-    /// ([`ScopedRead`]).
+    /// a `DeviceSlice<'scope, T>`, a `&'scope DeviceSlice<'_, T>`, a `&'scope DeviceSliceMut<'_, T>`
+    /// or the [`DeviceInFlight`](crate::DeviceInFlight) of a write queued in an enclosing
+    /// [`crate::scope`], which the caller orders before the work on this stream ([`ScopedRead`]).
     ///
     /// # Errors
     /// [`Error::NoPeerAccess`] where the stream's device does not reach the view's memory
@@ -311,7 +312,7 @@ impl<'scope> Scope<'scope, '_> {
         &'scope self,
         view: impl ScopedRead<'scope, T>,
     ) -> Result<Lent<'scope, T>, Error> {
-        let view = view.lend();
+        let view = crate::stream::lend(view);
         let never_mapped = self.state.admit_view(&view)?;
         Ok(Lent {
             ptr: view.as_raw_ptr(),
