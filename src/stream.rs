@@ -118,7 +118,8 @@ impl Stream {
     }
 
     /// `cuStreamIsCapturing` — `Ok` where the stream is not capturing a graph: the check before any
-    /// work that borrows memory is queued on it (a graph could run that work after the scope).
+    /// work that borrows memory is queued on it (a graph could run that work after the scope). Leaves
+    /// the stream's context current, for the enqueue that follows.
     fn admit_work(&self) -> Result<(), Error> {
         self.context.bind_to_thread()?;
         if wait::is_capturing(self.raw)? {
@@ -923,14 +924,16 @@ impl<'scope> ScopedStream<'scope> {
             // SAFETY: `dst` is `len` values of device memory reachable from the stream's device
             // (checked above), lent exclusively to this copy for `'scope` (a writable view, given up);
             // `src` is `len` readable values of host memory borrowed shared for `'scope`, which nothing
-            // writes meanwhile. The scope waits for this stream before `'scope` ends.
-            unsafe {
-                self.stream.copy_from_host_raw(
+            // writes meanwhile. The stream's context is current (`admit_work`). The scope waits for
+            // this stream before `'scope` ends.
+            check(unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
                     dst.as_raw_ptr(),
                     src.cast::<c_void>(),
                     len * size_of::<T>(),
+                    self.stream.raw,
                 )
-            }?;
+            })?;
         }
         Ok(DeviceInFlight { view: dst })
     }
@@ -965,15 +968,17 @@ impl<'scope> ScopedStream<'scope> {
             // SAFETY: `written.ptr` is `len` writable values of host memory, borrowed mutably for
             // `'scope` (so nothing else reads or writes it, and `HostInFlight` gives the host no access
             // to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
-            // reachable from the stream's device (checked above), lent for `'scope`. The scope waits
-            // for this stream before `'scope` ends.
-            unsafe {
-                self.stream.copy_to_host_raw(
+            // reachable from the stream's device (checked above), lent for `'scope`. The stream's
+            // context is current (`admit_work`). The scope waits for this stream before `'scope`
+            // ends.
+            check(unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
                     written.ptr.cast::<c_void>(),
                     src.as_raw_ptr(),
                     written.len * size_of::<T>(),
+                    self.stream.raw,
                 )
-            }?;
+            })?;
         }
         Ok(written)
     }
@@ -1002,9 +1007,8 @@ impl<'scope> ScopedStream<'scope> {
         reachable(&src, self.device())?;
         self.stream.admit_work()?;
         if !dst.is_empty() {
-            self.stream.context.bind_to_thread()?;
             // SAFETY: both ranges are `len` values of device memory reachable from the stream's device
-            // (checked above), which is current (bound just above); `dst` is lent exclusively for
+            // (checked above), whose context is current (`admit_work`); `dst` is lent exclusively for
             // `'scope`, `src` shared. Their virtual ranges cannot overlap (one exclusive, one shared);
             // through aliases the physical memory may, which leaves unspecified bytes in device memory
             // but touches no Rust memory. The scope waits for this stream before `'scope` ends.
@@ -1037,9 +1041,8 @@ impl<'scope> ScopedStream<'scope> {
         reachable(&dst, self.device())?;
         self.stream.admit_work()?;
         if !dst.is_empty() {
-            self.stream.context.bind_to_thread()?;
-            // SAFETY: `dst` is device memory reachable from the stream's device (checked above), which
-            // is current (bound just above), lent exclusively for `'scope`. The scope waits for this
+            // SAFETY: `dst` is device memory reachable from the stream's device (checked above), whose
+            // context is current (`admit_work`), lent exclusively for `'scope`. The scope waits for this
             // stream before `'scope` ends.
             check(unsafe {
                 sys::cuMemsetD8Async(
@@ -1098,15 +1101,14 @@ impl<'scope> ScopedStream<'scope> {
         args.check(device)?;
         self.stream.admit_work()?;
         args.launch_with(|params| {
-            self.stream.context.bind_to_thread()?;
             let params = if params.is_empty() {
                 ptr::null_mut()
             } else {
                 params.as_mut_ptr()
             };
             // SAFETY: `function` is a kernel of a loaded module of the stream's device (checked
-            // above; the module stays loaded, borrowed for `'scope`), whose context is current (bound
-            // just above). `params` points at one live value per argument, which the driver copies
+            // above; the module stays loaded, borrowed for `'scope`), whose context is current
+            // (`admit_work`, and `launch_with` makes no driver call). `params` points at one live value per argument, which the driver copies
             // before returning. The caller guarantees that they match the kernel's parameters and
             // that the kernel uses only the memory of the views (`# Safety`); every view is
             // reachable from this device (checked above) and lent for `'scope`, writable ones
