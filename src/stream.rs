@@ -615,7 +615,11 @@ fn host_bytes<T>(len: usize) -> Result<usize, Error> {
 /// [`ScopedAccess`](crate::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
 /// wait that holds:
 /// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
-///   thread's capture refuses the wait;
+///   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,
+///   which costs nothing where it succeeds; in `GLOBAL` mode, while another thread captures in
+///   `GLOBAL` mode, that try is refused and the driver invalidates the other thread's capture, as
+///   for any thread's potentially unsafe call during such a capture (capture in `THREAD_LOCAL` or
+///   `RELAXED` mode to keep it), and the wait goes on in `RELAXED` mode;
 /// - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
 ///   where this thread may end it, and is then waited for. No graph keeps an address lent to the
 ///   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;

@@ -18,7 +18,9 @@
 //! # What this wait does
 //! 1. The calling thread's capture mode is `RELAXED` for the wait
 //!    (`cuThreadExchangeStreamCaptureMode`), and its own mode is restored afterwards. No other
-//!    thread's capture then refuses the wait or a synchronous copy.
+//!    thread's capture then refuses the wait or a synchronous copy. A stream wait first tries once
+//!    in the thread's own mode, which costs nothing where it succeeds, and goes on in `RELAXED`
+//!    mode only where that try fails (see [`stream`]).
 //! 2. A wait refused because the waited stream is itself capturing ends that capture
 //!    (`cuStreamEndCapture`) where the driver lets this thread end it, destroys its graph, and
 //!    waits again. The graph would hold the addresses of the work queued into it, and could run
@@ -73,6 +75,19 @@ enum Target {
 /// driver error where the work failed (a sticky error, proven) or the context's other work
 /// finished with the wait's error. In every case the work has finished when this returns.
 pub(crate) fn stream(context: sys::CUcontext, stream: sys::CUstream) -> Result<(), Error> {
+    // First in the thread's own mode, which costs no driver call beyond the wait itself (the
+    // overhead of a scope around a small copy is measured against the raw wait): where it succeeds,
+    // the work has finished. Any failure, a capture's refusal included, goes on to the wait that
+    // holds. In `GLOBAL` mode that first attempt is refused while another thread captures in
+    // `GLOBAL` mode, and the driver then invalidates that capture, as it does for every
+    // potentially unsafe call of any thread during such a capture; a capture in `THREAD_LOCAL` or
+    // `RELAXED` mode is not disturbed.
+    bind(context)?;
+    // SAFETY: a live stream of the current context (bound just above), or null for its legacy
+    // default stream: the caller's guarantee.
+    if check(unsafe { sys::cuStreamSynchronize(stream) }).is_ok() {
+        return Ok(());
+    }
     wait(context, Target::Stream(stream))
 }
 
