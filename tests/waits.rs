@@ -287,8 +287,9 @@ enum Leave {
 /// kernel and then cudarc's `memset_zeros` of a lent 16 GiB view of a `VirtualBuffer` are queued on
 /// the scope's stream, an event is recorded after them, and the closure leaves the stream capturing
 /// as the entry says. Asserts, right after the scope: the event has completed and [`SPIN`] has
-/// passed; the page unmaps (`shrink`); cudarc's `end_capture` hands back no graph; and the context
-/// is healthy (no `CUDA_ERROR_ILLEGAL_ADDRESS` of a memset into unmapped memory).
+/// passed; the page unmaps (`shrink`); cudarc's `end_capture` hands back no graph; the context is
+/// healthy (no `CUDA_ERROR_ILLEGAL_ADDRESS` of a memset into unmapped memory); and a page mapped
+/// again at the same address keeps what is written into it (no late memset zeroes it).
 #[cfg(feature = "cudarc")]
 fn lent_memset_left_capturing(test: &str, leaves: &[Leave]) {
     let Some(gpu) = cudarc_gpu_or_skip(test) else {
@@ -356,6 +357,20 @@ fn lent_memset_left_capturing(test: &str, leaves: &[Leave]) {
             Ok(()),
             "{leave:?}: the context is not healthy after the unmap"
         );
+        // A page mapped again at the same address: nothing queued before the scope's end writes it
+        // any more (a late memset would zero the pattern).
+        let page = allocation_granularity(gpu.device, Granularity::Minimum).unwrap();
+        let offset = buffer.grow(gpu.device, page).unwrap();
+        assert_eq!(offset, 0, "the new page is at the old view's address");
+        let pattern = vec![0xA5A5_A5A5u32; page / 4];
+        let mut again = buffer.slice_mut::<u32>(..).unwrap();
+        again.copy_from_host(&pattern).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            again.to_vec().unwrap() == pattern,
+            "{leave:?}: the page mapped again at the address changed after the scope"
+        );
+        buffer.shrink().unwrap();
     }
 }
 
