@@ -363,7 +363,7 @@ fn lent_memset_left_capturing(test: &str, leaves: &[Leave]) {
         let offset = buffer.grow(gpu.device, page).unwrap();
         assert_eq!(offset, 0, "the new page is at the old view's address");
         let pattern = vec![0xA5A5_A5A5u32; page / 4];
-        let mut again = buffer.slice_mut::<u32>(..).unwrap();
+        let mut again = buffer.slice_mut::<u32>(..page).unwrap();
         again.copy_from_host(&pattern).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert!(
