@@ -20,21 +20,18 @@
 use core::ffi::{c_int, c_void};
 use core::fmt;
 use core::marker::PhantomData;
-use core::mem::MaybeUninit;
 use core::ops::Deref;
-use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-
-use rustix::io::Errno;
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
-};
 
 use crate::device::Device;
 use crate::error::{DriverError, Error, Result, check};
 use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::sys;
+
+// The wire format of an `ExportInfo` (`to_bytes`, `from_bytes`) and its checks.
+mod message;
+// The Unix transport of an `ExportedAllocation`: `SCM_RIGHTS` over a socket, `pidfd_getfd`.
+mod unix;
 
 mod sealed {
     pub trait Sealed {}
@@ -256,16 +253,7 @@ pub struct ExportInfo {
     device: u32,
 }
 
-/// The first bytes of an encoded [`ExportInfo`].
-const MAGIC: [u8; 8] = *b"CUVMMIPC";
-/// The version of the encoding.
-const VERSION: u32 = 1;
-
 impl ExportInfo {
-    /// The length of [`to_bytes`](ExportInfo::to_bytes): magic (8 bytes), version, handle type (4
-    /// each), size, granularity (8 each), device ordinal, reserved (4 each), little-endian.
-    pub const ENCODED_LEN: usize = 40;
-
     /// A checked description of a shared allocation.
     ///
     /// # Errors
@@ -319,84 +307,6 @@ impl ExportInfo {
     pub fn granularity(&self) -> usize {
         self.granularity
     }
-
-    /// The encoding that [`from_bytes`](ExportInfo::from_bytes) reads.
-    #[must_use]
-    pub fn to_bytes(&self) -> [u8; ExportInfo::ENCODED_LEN] {
-        let mut out = [0u8; ExportInfo::ENCODED_LEN];
-        let fields: [&[u8]; 7] = [
-            &MAGIC,
-            &VERSION.to_le_bytes(),
-            &sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.to_le_bytes(),
-            &(self.size as u64).to_le_bytes(),
-            &(self.granularity as u64).to_le_bytes(),
-            &self.device.to_le_bytes(),
-            &0u32.to_le_bytes(),
-        ];
-        let mut rest: &mut [u8] = &mut out;
-        for field in fields {
-            let (head, tail) = rest.split_at_mut(field.len());
-            head.copy_from_slice(field);
-            rest = tail;
-        }
-        out
-    }
-
-    /// Reads and checks an encoding made by [`to_bytes`](ExportInfo::to_bytes): nothing of it reaches
-    /// the driver unchecked.
-    ///
-    /// # Errors
-    /// [`Error::InvalidMessage`] for a wrong length, magic, version, handle type or reserved field;
-    /// otherwise as [`ExportInfo::new`] (also for a size or granularity beyond `usize`).
-    pub fn from_bytes(bytes: &[u8]) -> Result<ExportInfo, Error> {
-        let bad = |what| Error::InvalidMessage { what };
-        if bytes.len() != ExportInfo::ENCODED_LEN {
-            return Err(bad("not the length of a shared-allocation description"));
-        }
-        let mut reader = Reader(bytes);
-        if reader.take::<8>() != Some(MAGIC) {
-            return Err(bad("not a shared-allocation description (wrong magic)"));
-        }
-        if reader.u32() != Some(VERSION) {
-            return Err(bad("unknown version of the shared-allocation description"));
-        }
-        if reader.u32() != Some(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-            return Err(bad("handle type is not a POSIX file descriptor"));
-        }
-        let too_large = Error::Overflow {
-            what: "shared allocation size",
-        };
-        let size = reader
-            .u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or(too_large.clone())?;
-        let granularity = reader
-            .u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or(too_large)?;
-        let device = reader.u32().ok_or(bad("truncated device ordinal"))?;
-        if reader.u32() != Some(0) {
-            return Err(bad("reserved field is not zero"));
-        }
-        ExportInfo::new(size, device as usize, granularity)
-    }
-}
-
-/// Little-endian fields read from the front of a byte slice, without indexing.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take::<8>().map(u64::from_le_bytes)
-    }
 }
 
 /// An exported allocation: a POSIX file descriptor (a std [`OwnedFd`], closed on drop) and the
@@ -425,10 +335,6 @@ impl AsFd for ExportedAllocation {
         self.fd.as_fd()
     }
 }
-
-/// How many file descriptors one received message may carry before the kernel truncates it: room for
-/// more than the one expected, so that extra ones arrive (and are closed) rather than vanish.
-const MAX_RECEIVED_FDS: usize = 8;
 
 impl ExportedAllocation {
     /// An exported allocation from a descriptor and its description, received some other way.
@@ -516,150 +422,6 @@ impl ExportedAllocation {
         }
         Ok(memory)
     }
-
-    /// `sendmsg` — send the description and, as `SCM_RIGHTS` ancillary data, a duplicate of the
-    /// descriptor, in one message over a connected Unix socket (stream or sequenced-packet). The
-    /// receiver gets its own descriptor: `self` may be dropped right after.
-    ///
-    /// `MSG_NOSIGNAL` is set: a peer that has gone away is an error, not a `SIGPIPE`.
-    ///
-    /// # Errors
-    /// [`Error::Os`] where the kernel refuses (`EPIPE` where the peer has closed its end,
-    /// `ENOTSOCK`, `EOPNOTSUPP` for a socket that cannot carry descriptors); [`Error::InvalidMessage`]
-    /// where the socket took only part of the message.
-    #[doc(alias = "sendmsg")]
-    #[doc(alias = "SCM_RIGHTS")]
-    pub fn send(&self, socket: impl AsFd) -> Result<(), Error> {
-        let bytes = self.info.to_bytes();
-        let fds = [self.fd.as_fd()];
-        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(Error::Overflow {
-                what: "ancillary data of one file descriptor",
-            });
-        }
-        let sent = rustix::io::retry_on_intr(|| {
-            rustix::net::sendmsg(
-                &socket,
-                &[IoSlice::new(&bytes)],
-                &mut control,
-                SendFlags::NOSIGNAL,
-            )
-        })
-        .map_err(|e| os("sendmsg", e))?;
-        if sent != bytes.len() {
-            return Err(Error::InvalidMessage {
-                what: "the socket took only part of the message",
-            });
-        }
-        Ok(())
-    }
-
-    /// `recvmsg` — receive what [`send`](ExportedAllocation::send) sent: one message holding a
-    /// description and exactly one descriptor (received close-on-exec).
-    ///
-    /// Everything is checked before it is returned, and so before any driver call: the message's
-    /// length and fields ([`ExportInfo::from_bytes`]), that no data or ancillary data was truncated,
-    /// and that exactly one descriptor came. Descriptors of a refused message are closed. Blocks until
-    /// a message or the end of the connection arrives.
-    ///
-    /// # Errors
-    /// [`Error::InvalidMessage`] for the end of the connection, a short, long or malformed message, no
-    /// descriptor or more than one; as [`ExportInfo::from_bytes`] for the fields;
-    /// [`Error::Os`] where the kernel refuses.
-    #[doc(alias = "recvmsg")]
-    #[doc(alias = "SCM_RIGHTS")]
-    pub fn receive(socket: impl AsFd) -> Result<ExportedAllocation, Error> {
-        let mut bytes = [0u8; ExportInfo::ENCODED_LEN];
-        let mut space =
-            [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_RECEIVED_FDS))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let message = rustix::io::retry_on_intr(|| {
-            rustix::net::recvmsg(
-                &socket,
-                &mut [IoSliceMut::new(&mut bytes)],
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC,
-            )
-        })
-        .map_err(|e| os("recvmsg", e))?;
-        // Own every descriptor that came, so that each is closed on any error below.
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        for ancillary in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received) = ancillary {
-                fds.extend(received);
-            }
-        }
-        let bad = |what| Err(Error::InvalidMessage { what });
-        if message.bytes == 0 && fds.is_empty() {
-            return bad("the connection ended before a message came");
-        }
-        if message.flags.contains(ReturnFlags::CTRUNC) {
-            return bad("ancillary data was truncated: more than one file descriptor was sent");
-        }
-        if message.flags.contains(ReturnFlags::TRUNC) {
-            return bad("the message is longer than a shared-allocation description");
-        }
-        if message.bytes != ExportInfo::ENCODED_LEN {
-            return bad("the message is shorter than a shared-allocation description");
-        }
-        let info = ExportInfo::from_bytes(&bytes)?;
-        let mut fds = fds.into_iter();
-        match (fds.next(), fds.next()) {
-            (Some(fd), None) => Ok(ExportedAllocation { fd, info }),
-            (None, _) => bad("expected exactly one file descriptor, none came"),
-            (Some(_), Some(_)) => bad("expected exactly one file descriptor, several came"),
-        }
-    }
-
-    /// `pidfd_open` and `pidfd_getfd` — take a duplicate of descriptor `fd` of process `pid`, an
-    /// exported allocation described by `info` (passed some other way, for example as
-    /// [`ExportInfo::to_bytes`] through a pipe). The alternative to [`receive`](ExportedAllocation::receive)
-    /// where there is no socket between the processes.
-    ///
-    /// The exporting process must keep its [`ExportedAllocation`] (the descriptor) open until this has
-    /// returned. The kernel allows this only to a process that may `ptrace` the exporter
-    /// (`PTRACE_MODE_ATTACH_REALCREDS`): where the Yama `ptrace_scope` setting or a container's
-    /// seccomp profile restricts that, it answers `EPERM`, and [`receive`](ExportedAllocation::receive)
-    /// is the way. Linux 5.6 and later.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a `pid` or `fd` no process could have (checked before any
-    /// system call); [`Error::Os`]: `ESRCH` for no such process, `EBADF` where the process has no
-    /// such descriptor, `EPERM` where the kernel does not allow it, `ENOSYS` on an older kernel.
-    #[cfg(target_os = "linux")]
-    #[doc(alias = "pidfd_getfd")]
-    #[doc(alias = "pidfd_open")]
-    pub fn take_from_process(
-        pid: u32,
-        fd: i32,
-        info: ExportInfo,
-    ) -> Result<ExportedAllocation, Error> {
-        let pid = i32::try_from(pid)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-            .ok_or(Error::InvalidArgument { what: "process id" })?;
-        if fd < 0 {
-            return Err(Error::InvalidArgument {
-                what: "file descriptor",
-            });
-        }
-        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-            .map_err(|e| os("pidfd_open", e))?;
-        let fd = rustix::process::pidfd_getfd(
-            &pidfd,
-            fd,
-            rustix::process::PidfdGetfdFlags::empty(),
-        )
-        .map_err(|e| {
-            os(
-                "pidfd_getfd (refused with EPERM where ptrace of the exporter is not allowed)",
-                e,
-            )
-        })?;
-        Ok(ExportedAllocation { fd, info })
-    }
 }
 
 /// `cuMemGetAllocationPropertiesFromHandle` — the driver's description of `memory`.
@@ -675,95 +437,4 @@ fn properties(memory: &PhysicalAllocation) -> Result<sys::CUmemAllocationProp> {
     // field an integer or pointer, so any value the driver writes is valid); the handle is alive.
     check(unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&raw mut prop, memory.as_raw()) })?;
     Ok(prop)
-}
-
-fn os(what: &'static str, errno: Errno) -> Error {
-    Error::Os {
-        what,
-        errno: errno.raw_os_error(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{ExportInfo, MAGIC};
-    use crate::Error;
-    use proptest::prelude::*;
-
-    #[test]
-    fn encoding_round_trips() {
-        let info = ExportInfo::new(6 << 20, 1, 2 << 20).unwrap();
-        let bytes = info.to_bytes();
-        assert_eq!(bytes[..8], MAGIC);
-        assert_eq!(ExportInfo::from_bytes(&bytes), Ok(info));
-        assert_eq!(info.size(), 6 << 20);
-        assert_eq!(info.device_ordinal(), 1);
-        assert_eq!(info.granularity(), 2 << 20);
-    }
-
-    #[test]
-    fn descriptions_are_checked() {
-        assert!(matches!(
-            ExportInfo::new(0, 0, 2 << 20),
-            Err(Error::ZeroSize { .. })
-        ));
-        assert!(matches!(
-            ExportInfo::new(2 << 20, 0, 0),
-            Err(Error::ZeroSize { .. })
-        ));
-        assert!(matches!(
-            ExportInfo::new(3 << 20, 0, 2 << 20),
-            Err(Error::NotAligned { .. })
-        ));
-        assert!(matches!(
-            ExportInfo::new(2 << 20, 1 << 31, 2 << 20),
-            Err(Error::InvalidArgument { .. })
-        ));
-        let good = ExportInfo::new(2 << 20, 0, 2 << 20).unwrap().to_bytes();
-        // Each field spoiled in turn.
-        for (at, what) in [
-            (0, "magic"),
-            (8, "version"),
-            (12, "handle type"),
-            (36, "reserved"),
-        ] {
-            let mut bytes = good;
-            bytes[at] ^= 0x40;
-            assert!(
-                matches!(
-                    ExportInfo::from_bytes(&bytes),
-                    Err(Error::InvalidMessage { .. })
-                ),
-                "{what}"
-            );
-        }
-        assert!(matches!(
-            ExportInfo::from_bytes(&good[..39]),
-            Err(Error::InvalidMessage { .. })
-        ));
-        let mut unaligned = good;
-        unaligned[16] = 1;
-        assert!(matches!(
-            ExportInfo::from_bytes(&unaligned),
-            Err(Error::NotAligned { .. })
-        ));
-    }
-
-    proptest! {
-        /// Any bytes at all: a checked description or an error, never a panic; and whatever is
-        /// accepted encodes back to the same bytes.
-        #[test]
-        fn any_bytes_are_parsed_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..48), keep_header in any::<bool>()) {
-            let mut bytes = bytes;
-            if keep_header && bytes.len() >= 16 {
-                bytes[..8].copy_from_slice(&MAGIC);
-                bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
-                bytes[12..16].copy_from_slice(&1u32.to_le_bytes());
-            }
-            if let Ok(info) = ExportInfo::from_bytes(&bytes) {
-                prop_assert!(info.size() > 0 && info.size() % info.granularity() == 0);
-                prop_assert_eq!(&info.to_bytes()[..], &bytes[..]);
-            }
-        }
-    }
 }

@@ -149,7 +149,7 @@ mod host;
 #[cfg(feature = "cudarc")]
 pub mod interop;
 #[cfg(unix)]
-mod ipc;
+pub mod ipc;
 mod mapping;
 mod module;
 mod owned;
