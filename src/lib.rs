@@ -156,7 +156,7 @@ mod owned;
 mod peer;
 mod physical;
 mod reservation;
-mod stream;
+pub mod stream;
 mod sys;
 mod transfer;
 mod view;

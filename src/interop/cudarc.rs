@@ -312,7 +312,7 @@ impl<'scope> Scope<'scope, '_> {
         &'scope self,
         view: impl ScopedRead<'scope, T>,
     ) -> Result<Lent<'scope, T>, Error> {
-        let view = crate::stream::lend(view);
+        let view = crate::stream::lend::lend(view);
         let never_mapped = self.state.admit_view(&view)?;
         Ok(Lent {
             ptr: view.as_raw_ptr(),

@@ -1,0 +1,616 @@
+//! [`scope`] and the [`ScopedStream`]s it hands out: the queued operations, which borrow what they
+//! use until the scope has waited for them.
+
+use core::ffi::c_void;
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::ManuallyDrop;
+use core::ops::Deref;
+use core::ptr;
+use std::sync::{Mutex, PoisonError};
+
+use bytemuck::Pod;
+
+use crate::device::Device;
+use crate::error::{Error, Result, check, first_error};
+use crate::module::Function;
+use crate::sys;
+use crate::view::DeviceSlice;
+#[cfg(doc)]
+use crate::view::DeviceSliceMut;
+
+use super::Stream;
+#[cfg(doc)]
+use super::event::Event;
+use super::launch::KernelArgs;
+use super::lend::{DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite, lend};
+#[cfg(doc)]
+use super::pinned::PinnedBuffer;
+
+/// `cuStreamSynchronize` on every stream of a scope — run stream-ordered work that borrows views,
+/// host memory and kernels for the rest of the scope, and wait for all of it before returning.
+///
+/// `f` receives the [`Scope`]; [`Scope::on`] turns a [`Stream`] into a [`ScopedStream`], which queues
+/// copies, memsets and kernel launches that borrow what they use for `'scope`. When `f` returns, or
+/// panics, `scope` waits for every stream it queued on, then returns `f`'s value, or the first error
+/// (see `# Errors`), or resumes the panic.
+///
+/// # The model
+/// A [`Stream`] runs the work queued on it in order, and alongside other streams' work. Work that
+/// reads or writes memory is queued only here, through a [`ScopedStream`], and borrows every view,
+/// host slice and kernel it uses for `'scope`, which lasts until `scope` returns; and `scope` returns
+/// only after waiting for every stream it queued on. So no queued copy or kernel outlives what it
+/// uses: the borrow checker refuses an unmap, a new grant, a drop, or a host access of anything lent
+/// to the scope, for as long as the scope runs (the cases in `ui-tests/stream/`).
+///
+/// Between streams, [`Event`]s order work: [`Stream::record`] marks a point in one stream,
+/// [`Stream::wait`] makes another stream, of any device, wait for it. A writable view is lent to
+/// one operation for the rest of the scope, as `&mut` is to one scoped thread; an operation that
+/// writes hands back a handle of what it writes, a [`DeviceInFlight`] for device memory or a
+/// [`HostInFlight`] for host memory, with which only work queued after it (on the same stream, or
+/// behind an event) reads the result. Neither gives the host any access to the bytes, which the
+/// queued work may still be writing: a `DeviceInFlight` has no host read, is no source of the
+/// synchronous copies (which run on the legacy default stream, which does not wait for the
+/// scope's streams), and does not become a [`DeviceSlice`]. The host reads the results after
+/// `scope` has returned, through the views and buffers it lent. To write the same memory again,
+/// split the view first ([`DeviceSliceMut::split_at_mut`]) or use another scope.
+///
+/// # Why it is sound, also under `mem::forget`
+/// The wait is in no value the caller holds. `scope` runs `f`, then waits for every stream
+/// registered with the scope, in its own frame: on return, and while a panic unwinds through it (a
+/// guard local to `scope`, which `f` never sees). `f` gets only `&'scope Scope`, and a
+/// [`ScopedStream`] is a `Copy` handle: forgetting either changes nothing. A "pending copy" value
+/// whose `Drop` waited would be unsound, since it could be forgotten while the borrows it held end;
+/// there is none. `'scope` is invariant, as in [`std::thread::scope`], so a [`ScopedStream`] can
+/// neither leave the closure nor accept a borrow that ends before the wait (a local of the closure,
+/// say).
+///
+/// # When a wait fails
+/// A failed `cuStreamSynchronize` does not by itself mean that the work has stopped. Under stream
+/// capture the driver refuses a wait at once, without waiting, and the error (900–908) is not
+/// sticky: the work queued before runs on. That happens on a stream that is capturing a graph,
+/// and, in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So
+/// every wait of this crate (this scope's, cudarc's scope's, the ends of
+/// [`ScopedAccess`](crate::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
+/// wait that holds:
+/// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
+///   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,
+///   which costs nothing where it succeeds; in `GLOBAL` mode, while another thread captures in
+///   `GLOBAL` mode, that try is refused and the driver invalidates the other thread's capture, as
+///   for any thread's potentially unsafe call during such a capture (capture in `THREAD_LOCAL` or
+///   `RELAXED` mode to keep it), and the wait goes on in `RELAXED` mode;
+/// - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
+///   where this thread may end it, and is then waited for. No graph keeps an address lent to the
+///   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;
+/// - a capture this thread may not end is waited out, for up to 10 seconds. That is one the stream
+///   joined from another stream, or one another thread began in a mode other than `RELAXED`;
+/// - any other failure is settled by `cuCtxSynchronize`. Success proves that the work finished. The
+///   same error again proves it sticky: the context runs no more work until the primary context is
+///   reset, which cannot happen while a stream, event or pinned buffer of it lives (each keeps it
+///   retained).
+///
+/// So when `scope` returns, with `Ok` or an error, nothing queued touches the borrowed memory any
+/// more. After a fault, which operations ran before it is unknown, so the bytes they were to write
+/// are unspecified. Where nothing proves the work finished, the process **aborts** with a line on
+/// stderr that starts with `cuda-vmm: aborting:`: a capture outlasting the 10 seconds, or an
+/// error neither repeated nor cleared. Returning, or unwinding, would end the borrows under
+/// running work. `scope` waits for every other stream even after one wait failed, and returns the
+/// first error.
+///
+/// Work is not queued onto a stream that is capturing: each operation checks first
+/// (`cuStreamIsCapturing`) and returns [`Error::StreamCapturing`] before any work is queued.
+///
+/// # Lifetimes
+/// - `'scope`: the lifetime of the scope itself — while `f` runs and until every queued operation
+///   has finished, when `scope` returns. Everything lent to queued work is borrowed for `'scope`, so
+///   it must be declared outside the closure (as with [`std::thread::scope`]). Invariant.
+/// - `'env`: the lifetime of whatever the scope borrows from outside (the streams, views, buffers
+///   and kernels); it outlives `'scope`.
+///
+/// # Errors
+/// `f`'s error, if it returns one (the waits happen in any case; a wait's failure then is not
+/// returned, but a sticky error shows again on the context's next call). Otherwise the first error
+/// of the waits: every stream is waited for even after one failed (see
+/// [When a wait fails](scope#when-a-wait-fails)). An error of one of `f`'s operations leaves the
+/// work queued before it in place: it runs, and is waited for.
+///
+/// # Panics
+/// Resumes a panic of `f`, after waiting for every stream (so the borrows it held are free when the
+/// panic reaches the caller).
+///
+/// # Examples
+/// Upload on one stream, download on another once the upload is done:
+/// ```no_run
+/// use cuda_vmm::{Context, Device, DeviceBuffer, Event, PinnedBuffer, Stream};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let context = Context::new(Device::get(0)?)?;
+/// let mut device = DeviceBuffer::<u32>::zeroed(&context, 1 << 20)?;
+/// let input = PinnedBuffer::from_slice(&context, &vec![7u32; 1 << 20])?;
+/// let mut output = PinnedBuffer::<u32>::zeroed(&context, 1 << 20)?;
+/// let (up_stream, down_stream) = (Stream::new(&context)?, Stream::new(&context)?);
+/// let uploaded = Event::new(&context)?;
+/// let mut view = device.as_mut_slice();
+///
+/// cuda_vmm::scope(|s| {
+///     let (up, down) = (s.on(&up_stream), s.on(&down_stream));
+///     // Queued: `view` and `input` stay borrowed until the scope has waited for the copy.
+///     let written = up.copy_from_host(&mut view, &input)?;
+///     up.record(&uploaded)?;
+///     down.wait(&uploaded)?;
+///     down.copy_to_host(&mut output, written)?;
+///     Ok(())
+/// })?; // both streams waited for
+/// assert!(output.iter().all(|&x| x == 7));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A host buffer cannot be dropped while queued work may still read it (nor touched at all while
+/// queued work writes it):
+/// ```compile_fail,E0505
+/// # use cuda_vmm::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let context = Context::new(Device::get(0)?)?;
+/// # let mut device = DeviceBuffer::<u32>::zeroed(&context, 1024)?;
+/// # let mut view = device.as_mut_slice();
+/// let input = PinnedBuffer::from_slice(&context, &[1u32; 1024])?;
+/// let stream = Stream::new(&context)?;
+/// cuda_vmm::scope(|s| {
+///     s.on(&stream).copy_from_host(&mut view, &input)?;
+///     drop(input); // the copy may not have run yet
+///     Ok(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Nor can a value the closure owns be lent: it is dropped when the closure ends, before the wait.
+/// ```compile_fail,E0597
+/// # use cuda_vmm::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let context = Context::new(Device::get(0)?)?;
+/// # let device = DeviceBuffer::<u32>::zeroed(&context, 1024)?;
+/// let stream = Stream::new(&context)?;
+/// cuda_vmm::scope(|s| {
+///     let mut output = PinnedBuffer::<u32>::zeroed(&context, 1024)?;
+///     s.on(&stream).copy_to_host(&mut output, device.as_slice())?;
+///     Ok(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+#[doc(alias = "cuStreamSynchronize")]
+pub fn scope<'env, F, T>(f: F) -> Result<T, Error>
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<T, Error>,
+{
+    let scope = Scope {
+        streams: Mutex::new(Streams::new()),
+        _lifetimes: PhantomData,
+    };
+    // Local to this frame, never seen by `f`: if `f` panics, its `Drop` waits while the panic
+    // unwinds through here, before any borrow lent to the scope ends.
+    let guard = WaitOnUnwind(&scope);
+    let result = f(&scope);
+    let waited = guard.wait();
+    let value = result?;
+    waited?;
+    Ok(value)
+}
+
+/// Waits for every stream of a scope when dropped, which happens only while a panic unwinds through
+/// [`scope`]; on a normal return [`WaitOnUnwind::wait`] takes its place and reports the error.
+struct WaitOnUnwind<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
+
+impl WaitOnUnwind<'_, '_, '_> {
+    fn wait(self) -> Result<(), Error> {
+        let this = ManuallyDrop::new(self);
+        this.0.wait_all()
+    }
+}
+
+impl Drop for WaitOnUnwind<'_, '_, '_> {
+    fn drop(&mut self) {
+        // Unwinding: the error cannot be returned, and the panic goes on once every stream is waited
+        // for.
+        let _ = self.0.wait_all();
+    }
+}
+
+/// The scope of [`scope`]: where streams become [`ScopedStream`]s ([`Scope::on`]), and which waits
+/// for every one of them before [`scope`] returns.
+///
+/// # Lifetimes
+/// As [`scope`]: `'scope` is the scope itself (until every queued operation has finished), `'env`
+/// what it borrows from outside. Both are invariant, as in [`std::thread::Scope`].
+pub struct Scope<'scope, 'env: 'scope> {
+    /// Every stream work was queued on, waited for when the scope ends. A `Mutex`, so that a scope
+    /// can be shared with threads (`std::thread::scope`) that queue work too.
+    streams: Mutex<Streams<'scope, Stream>>,
+    /// Invariant in `'scope`, which can be neither shortened (that would let a queued operation
+    /// borrow something that ends before the wait) nor lengthened; invariant in `'env`, as
+    /// `std::thread::Scope`. `Send` and `Sync`.
+    _lifetimes: PhantomData<(&'scope mut &'scope (), &'env mut &'env ())>,
+}
+
+impl fmt::Debug for Scope<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Scope")
+            .field("streams", &streams.iter().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// Registers `stream` with the scope, which will wait for it before [`scope`] returns, and returns
+    /// the handle that queues work on it. Registering a stream again returns the same handle.
+    pub fn on(&'scope self, stream: &'scope Stream) -> ScopedStream<'scope> {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(stream);
+        ScopedStream {
+            stream,
+            _scope: PhantomData,
+        }
+    }
+
+    /// Waits for every registered stream, all of them even after an error; the first error.
+    fn wait_all(&self) -> Result<(), Error> {
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        first_error(streams.iter().map(Stream::synchronize))
+    }
+}
+
+/// The streams of a scope, each once: the first few inline (a scope usually has one to four, and
+/// registering them then allocates nothing), the rest in a `Vec`.
+struct Streams<'a, S> {
+    inline: [Option<&'a S>; 4],
+    more: Vec<&'a S>,
+}
+
+impl<'a, S> Streams<'a, S> {
+    fn new() -> Streams<'a, S> {
+        Streams {
+            inline: [None; 4],
+            more: Vec::new(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'a S> + '_ {
+        self.inline
+            .iter()
+            .flatten()
+            .copied()
+            .chain(self.more.iter().copied())
+    }
+
+    /// Adds `stream` unless it is there already (the same value: compared by address).
+    fn insert(&mut self, stream: &'a S) {
+        if self.iter().any(|s| ptr::eq(s, stream)) {
+            return;
+        }
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(stream),
+            None => self.more.push(stream),
+        }
+    }
+}
+
+/// A [`Stream`] registered with a [`Scope`] (by [`Scope::on`]): it queues copies, memsets and kernel
+/// launches that borrow what they use for `'scope`, and the scope waits for it before it ends.
+///
+/// Every operation checks its arguments before any driver call: lengths, and that the stream's
+/// device reaches each view's memory ([`DeviceSlice::reachable_from`]; [`Error::NoPeerAccess`]
+/// otherwise). It then checks that the stream is not capturing a graph, which could run the work
+/// after the scope ([`Error::StreamCapturing`], before any work is queued), queues the work and
+/// returns at once. An operation that writes device memory returns a [`DeviceInFlight`] of it,
+/// valid for the scope, which only work queued after it (on this stream, or on another behind an
+/// [`Event`]) reads; one that writes host memory returns a [`HostInFlight`] for the same purpose.
+/// The host reads the results after [`scope`] has returned.
+///
+/// It dereferences to the [`Stream`], whose [`record`](Stream::record) and [`wait`](Stream::wait)
+/// order work between streams.
+///
+/// # Lifetimes
+/// `'scope` is the scope's: invariant, so the handle can neither leave the closure nor accept a
+/// borrow that ends before the scope's wait.
+#[derive(Clone, Copy)]
+pub struct ScopedStream<'scope> {
+    stream: &'scope Stream,
+    /// Invariant in `'scope`, as [`Scope`].
+    _scope: PhantomData<&'scope mut &'scope ()>,
+}
+
+impl fmt::Debug for ScopedStream<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ScopedStream").field(self.stream).finish()
+    }
+}
+
+impl Deref for ScopedStream<'_> {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        self.stream
+    }
+}
+
+/// `Err(NoPeerAccess)` unless `view` is reachable from `device`.
+pub(super) fn reachable<T: Pod>(view: &DeviceSlice<'_, T>, device: Device) -> Result<(), Error> {
+    if view.reachable_from(device) {
+        Ok(())
+    } else {
+        Err(Error::NoPeerAccess {
+            device: device.as_raw(),
+            owner: view.device().as_raw(),
+        })
+    }
+}
+
+fn check_len(expected: usize, found: usize) -> Result<(), Error> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch { expected, found })
+    }
+}
+
+impl<'scope> ScopedStream<'scope> {
+    /// `cuMemcpyHtoDAsync` — queue a copy of `src` (host memory, the same length) into `dst`.
+    ///
+    /// `dst` is a writable view lent for the rest of the scope (`&mut view`, or a view made inside
+    /// the closure); `src` is `&[T]`, `&PinnedBuffer<T>` or the [`HostInFlight`] of an earlier
+    /// download, borrowed for the rest of the scope. Only page-locked memory ([`PinnedBuffer`])
+    /// overlaps: from pageable memory the driver first copies `src` into its own staging memory
+    /// before this returns. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy
+    /// (on this stream, or behind an [`Event`]) reads it; the host reads `dst` after [`scope`] has
+    /// returned, through the view it lent.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
+    /// device does not reach `dst`'s memory; both before any driver call. The driver's error
+    /// otherwise.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub fn copy_from_host<T: Pod>(
+        &self,
+        dst: impl ScopedWrite<'scope, T>,
+        src: impl HostSource<'scope, T>,
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        let dst = dst.lend_mut();
+        let (src, len) = src.host_parts();
+        check_len(dst.len(), len)?;
+        reachable(&dst, self.device())?;
+        self.stream.admit_work()?;
+        if len > 0 {
+            // SAFETY: `dst` is `len` values of device memory reachable from the stream's device
+            // (checked above), lent exclusively to this copy for `'scope` (a writable view, given up);
+            // `src` is `len` readable values of host memory borrowed shared for `'scope`, which nothing
+            // writes meanwhile. The stream's context is current (`admit_work`). The scope waits for
+            // this stream before `'scope` ends.
+            check(unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst.as_raw_ptr(),
+                    src.cast::<c_void>(),
+                    len * size_of::<T>(),
+                    self.stream.raw,
+                )
+            })?;
+        }
+        Ok(DeviceInFlight { view: dst })
+    }
+
+    /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
+    ///
+    /// `dst` is borrowed mutably for the rest of the scope (`&mut pinned_buffer`, or a part of it), so
+    /// nothing reads or writes it until the scope has waited for the copy; `src` is a view lent for
+    /// the rest of the scope, also the [`DeviceInFlight`] of an earlier write ordered before this
+    /// copy. Only page-locked memory ([`PinnedBuffer`]) overlaps: into pageable memory the driver
+    /// returns only once the copy is done. Returns a [`HostInFlight`] of `dst`, with which a later
+    /// queued upload (ordered after this copy) reads what this one wrote.
+    ///
+    /// # Errors
+    /// As [`copy_from_host`](ScopedStream::copy_from_host), for `src`.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub fn copy_to_host<T: Pod>(
+        &self,
+        dst: &'scope mut [T],
+        src: impl ScopedRead<'scope, T>,
+    ) -> Result<HostInFlight<'scope, T>, Error> {
+        let src = lend(src);
+        check_len(dst.len(), src.len())?;
+        reachable(&src, self.device())?;
+        self.stream.admit_work()?;
+        let written = HostInFlight {
+            ptr: dst.as_mut_ptr(),
+            len: dst.len(),
+            _host: PhantomData,
+        };
+        if written.len > 0 {
+            // SAFETY: `written.ptr` is `len` writable values of host memory, borrowed mutably for
+            // `'scope` (so nothing else reads or writes it, and `HostInFlight` gives the host no access
+            // to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
+            // reachable from the stream's device (checked above), lent for `'scope`. The stream's
+            // context is current (`admit_work`). The scope waits for this stream before `'scope`
+            // ends.
+            check(unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    written.ptr.cast::<c_void>(),
+                    src.as_raw_ptr(),
+                    written.len * size_of::<T>(),
+                    self.stream.raw,
+                )
+            })?;
+        }
+        Ok(written)
+    }
+
+    /// `cuMemcpyDtoDAsync` — queue a copy of `src` into `dst` (the same length), which may belong to
+    /// two devices: the stream's device must reach both views' memory (a VMM grant that names it, a
+    /// peer view under a guard, or its own memory), so the copy runs over the link, never through the
+    /// driver's hidden staging. `src` may be the [`DeviceInFlight`] of an earlier write, ordered
+    /// before this copy. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy (on
+    /// this stream, or behind an [`Event`]) reads it.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
+    /// device does not reach either view's memory; both before any driver call. The driver's error
+    /// otherwise. For views that no one device reaches, use the staged
+    /// [`copy_between`](crate::copy_between) outside the scope.
+    #[doc(alias = "cuMemcpyDtoDAsync")]
+    pub fn copy_from_device<T: Pod>(
+        &self,
+        dst: impl ScopedWrite<'scope, T>,
+        src: impl ScopedRead<'scope, T>,
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        let (dst, src) = (dst.lend_mut(), lend(src));
+        check_len(dst.len(), src.len())?;
+        reachable(&dst, self.device())?;
+        reachable(&src, self.device())?;
+        self.stream.admit_work()?;
+        if !dst.is_empty() {
+            // SAFETY: both ranges are `len` values of device memory reachable from the stream's device
+            // (checked above), whose context is current (`admit_work`); `dst` is lent exclusively for
+            // `'scope`, `src` shared. Their virtual ranges cannot overlap (one exclusive, one shared);
+            // through aliases the physical memory may, which leaves unspecified bytes in device memory
+            // but touches no Rust memory. The scope waits for this stream before `'scope` ends.
+            check(unsafe {
+                sys::cuMemcpyDtoDAsync_v2(
+                    dst.as_raw_ptr(),
+                    src.as_raw_ptr(),
+                    dst.len() * size_of::<T>(),
+                    self.stream.raw,
+                )
+            })?;
+        }
+        Ok(DeviceInFlight { view: dst })
+    }
+
+    /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
+    /// Returns a [`DeviceInFlight`] of `dst`: only work queued after the memset (on this stream, or
+    /// behind an [`Event`]) reads it.
+    ///
+    /// # Errors
+    /// [`Error::NoPeerAccess`] where the stream's device does not reach `dst`'s memory (before any
+    /// driver call); the driver's error otherwise.
+    #[doc(alias = "cuMemsetD8Async")]
+    pub fn memset<T: Pod>(
+        &self,
+        dst: impl ScopedWrite<'scope, T>,
+        byte: u8,
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        let dst = dst.lend_mut();
+        reachable(&dst, self.device())?;
+        self.stream.admit_work()?;
+        if !dst.is_empty() {
+            // SAFETY: `dst` is device memory reachable from the stream's device (checked above), whose
+            // context is current (`admit_work`), lent exclusively for `'scope`. The scope waits for this
+            // stream before `'scope` ends.
+            check(unsafe {
+                sys::cuMemsetD8Async(
+                    dst.as_raw_ptr(),
+                    byte,
+                    dst.len() * size_of::<T>(),
+                    self.stream.raw,
+                )
+            })?;
+        }
+        Ok(DeviceInFlight { view: dst })
+    }
+
+    /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
+    /// typed arguments ([`KernelArgs`]): read-only views (`&DeviceSlice`, `DeviceSlice`,
+    /// `&DeviceSliceMut`, and the [`DeviceInFlight`] of an earlier write), writable views
+    /// (`&mut DeviceSliceMut`, `DeviceSliceMut`), each passed to the kernel as its device address
+    /// (a `u64`), and plain values ([`Pod`]), passed as they are. Views and the kernel are borrowed
+    /// for the rest of the scope, writable views exclusively. Returns, for each argument in order,
+    /// a [`DeviceInFlight`] of each writable view, which only work queued after the kernel (on this
+    /// stream, or behind an [`Event`]) reads, and `()` for the others.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for an empty grid or block; [`Error::DeviceMismatch`] for a kernel loaded
+    /// on another device than the stream's; [`Error::NoPeerAccess`] for a view whose memory the
+    /// stream's device does not reach; all before any driver call. The driver's error otherwise
+    /// (a fault of the kernel itself shows at the scope's wait, as a sticky error).
+    ///
+    /// # Safety
+    /// The kernel's parameter list is not checked:
+    /// - `args` must match it in number, order and types (a view is a `u64` device address);
+    /// - the kernel must write only through the writable views, and read and write only within the
+    ///   `len()` values of the views it is given. It may use other memory only through addresses
+    ///   passed as plain values, and then the caller guarantees that memory, reachable from this
+    ///   device, until the scope ends.
+    #[doc(alias = "cuLaunchKernel")]
+    pub unsafe fn launch<A: KernelArgs<'scope>>(
+        &self,
+        function: &'scope Function<'_>,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: A,
+    ) -> Result<A::Output, Error> {
+        if [grid.0, grid.1, grid.2, block.0, block.1, block.2].contains(&0) {
+            return Err(Error::ZeroSize {
+                what: "kernel grid or block",
+            });
+        }
+        let device = self.device();
+        if function.device() != device {
+            return Err(Error::DeviceMismatch {
+                expected: device.as_raw(),
+                found: function.device().as_raw(),
+            });
+        }
+        args.check(device)?;
+        self.stream.admit_work()?;
+        args.launch_with(|params| {
+            let params = if params.is_empty() {
+                ptr::null_mut()
+            } else {
+                params.as_mut_ptr()
+            };
+            // SAFETY: `function` is a kernel of a loaded module of the stream's device (checked
+            // above; the module stays loaded, borrowed for `'scope`), whose context is current
+            // (`admit_work`, and `launch_with` makes no driver call). `params` points at one live value per argument, which the driver copies
+            // before returning. The caller guarantees that they match the kernel's parameters and
+            // that the kernel uses only the memory of the views (`# Safety`); every view is
+            // reachable from this device (checked above) and lent for `'scope`, writable ones
+            // exclusively. The scope waits for this stream before `'scope` ends.
+            Ok(check(unsafe {
+                sys::cuLaunchKernel(
+                    function.raw(),
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block.0,
+                    block.1,
+                    block.2,
+                    0,
+                    self.stream.raw,
+                    params,
+                    ptr::null_mut(),
+                )
+            })?)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Streams;
+
+    #[test]
+    fn a_stream_is_registered_once_and_every_one_is_kept() {
+        let values: Vec<u32> = (0..10).collect();
+        let mut streams = Streams::new();
+        for v in values.iter().chain(&values) {
+            streams.insert(v);
+        }
+        let kept: Vec<u32> = streams.iter().copied().collect();
+        assert_eq!(kept, values, "inline ones first, then the rest, each once");
+        // Equal values at two addresses are two streams.
+        let twin = 3u32;
+        streams.insert(&twin);
+        assert_eq!(streams.iter().count(), 11);
+    }
+}
