@@ -1628,19 +1628,19 @@ mod raw_stream {
             bytes: usize,
             stream: *mut c_void,
         ) -> u32;
+        pub(crate) fn cuMemcpyDtoHAsync_v2(
+            dst: *mut c_void,
+            src: u64,
+            bytes: usize,
+            stream: *mut c_void,
+        ) -> u32;
     }
 }
 
-/// Stream-ordered copies under `cuda_vmm::scope`, on GPU 0:
-/// - host -> device and device -> host at once, on two streams, against host -> device alone (both
-///   through the scope): the host link is full duplex, so close to 2x;
-/// - a scope around one 4 KiB async upload against the raw `cuMemcpyHtoDAsync` and
-///   `cuStreamSynchronize` on the same stream: the scope's overhead (registration, the context bound
-///   before each call, the wait), with the raw calls against themselves as calibration;
-/// - a 256 MiB upload timed by events recorded around it on the stream, next to the wall clock around
-///   the scope (which adds the queueing and the wait).
-fn stream_rows(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
-    use cuda_vmm::{Event, PinnedBuffer, Stream};
+/// The duplex rows of [`stream_rows`]: both directions at once through the scope, against one
+/// direction through the scope and against the same two raw async copies.
+fn duplex_rows(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    use cuda_vmm::{PinnedBuffer, Stream};
 
     let mut up_dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
     let mut alone_dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
@@ -1681,6 +1681,79 @@ fn stream_rows(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<
         goal: "both/one ~2 (full duplex)",
     });
 
+    // The same duplex made raw: the two async copies on the same two streams, then a wait for each.
+    let (up_raw, down_raw) = (up.as_raw().cast::<c_void>(), down.as_raw().cast::<c_void>());
+    let (up_dst_ptr, down_src_ptr) = (
+        up_dst.as_mut_slice().as_raw_ptr(),
+        down_src.as_slice().as_raw_ptr(),
+    );
+    let (up_src_ptr, down_dst_ptr) = (up_src.as_ptr(), down_dst.as_mut_ptr());
+    let raw_both = || -> BenchResult<()> {
+        // SAFETY: `up_dst_ptr` and `down_src_ptr` are `bytes` of `up_dst`'s and `down_src`'s device
+        // memory, `up_src_ptr` and `down_dst_ptr` `bytes` of pinned host memory, all alive until this
+        // function returns and used by nothing else while it runs (the safe closure runs only between
+        // raw runs); both copies are waited for before it returns.
+        unsafe {
+            ok(raw::cuCtxSetCurrent(ctx.as_raw().cast()))?;
+            ok(raw_stream::cuMemcpyHtoDAsync_v2(
+                up_dst_ptr,
+                up_src_ptr.cast::<c_void>(),
+                bytes,
+                up_raw,
+            ))?;
+            ok(raw_stream::cuMemcpyDtoHAsync_v2(
+                down_dst_ptr.cast::<c_void>(),
+                down_src_ptr,
+                bytes,
+                down_raw,
+            ))?;
+            ok(raw::cuStreamSynchronize(up_raw))?;
+            ok(raw::cuStreamSynchronize(down_raw))
+        }
+    };
+    let mut up_view = up_dst.as_mut_slice();
+    let down_view = down_src.as_slice();
+    let both = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            s.on(&up).copy_from_host(&mut up_view, &up_src)?;
+            s.on(&down).copy_to_host(&mut down_dst, down_view)?;
+            Ok(())
+        })?;
+        Ok(())
+    };
+    let (safe_t, raw_t, paired) = race_paired(30, both, raw_both)?;
+    rows.push(Row {
+        name: format!(
+            "host <-> device {} MiB each way on two streams: scope vs the same two raw async copies (GB/s)",
+            bytes >> 20
+        ),
+        unit: "GB/s",
+        safe: 2.0 * float(bytes) / safe_t / 1e9,
+        raw: 2.0 * float(bytes) / raw_t / 1e9,
+        paired: Some(1.0 / paired),
+        goal: "safe/raw >= 0.99",
+    });
+
+    Ok(())
+}
+
+/// Stream-ordered copies under `cuda_vmm::scope`, on GPU 0:
+/// - host -> device and device -> host at once, on two streams, against host -> device alone (both
+///   through the scope): the host link is full duplex, so close to 2x;
+/// - the same duplex through the scope against the same two raw async copies on the same two
+///   streams and a raw wait for each, in the same run, paired (goal >= 0.99);
+/// - a scope around one 4 KiB async upload against the raw `cuMemcpyHtoDAsync` and
+///   `cuStreamSynchronize` on the same stream: the scope's overhead (registration, the context bound
+///   before each call, the wait), with the raw calls against themselves as calibration;
+/// - a 256 MiB upload timed by events recorded around it on the stream, next to the wall clock around
+///   the scope (which adds the queueing and the wait).
+fn stream_rows(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    use cuda_vmm::{Event, PinnedBuffer, Stream};
+
+    duplex_rows(ctx, bytes, rows)?;
+    let mut up_dst = DeviceBuffer::<u8>::zeroed(ctx, bytes)?;
+    let up_src = PinnedBuffer::<u8>::zeroed(ctx, bytes)?;
+    let up = Stream::new(ctx)?;
     small_copy_rows(ctx, &up, rows)?;
 
     // Event-timed against wall-clock, the same upload.
