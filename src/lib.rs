@@ -68,6 +68,7 @@ mod owned;
 mod peer;
 mod physical;
 mod reservation;
+pub mod raw;
 pub mod safety_model;
 pub mod stream;
 mod sys;

@@ -5,8 +5,9 @@
 //! would be undefined behaviour the moment it is read. So this module declares every driver function the
 //! crate calls again, returning a plain `u32`, and mirrors every struct that has an enum field with
 //! integer fields. The mirrors' size, alignment and field offsets are asserted equal to
-//! `cuda-driver-sys`'s below. Only the plain handle types (`CUdeviceptr`, `CUcontext`, ...) and the
-//! `-lcuda` link come from `cuda-driver-sys`; none of its functions is called.
+//! `cuda-driver-sys`'s below. Only the `-lcuda` link and those layouts come from `cuda-driver-sys`;
+//! none of its functions is called, and the handle types are the crate's own ([`crate::raw`],
+//! asserted as large as `cuda-driver-sys`'s below).
 //!
 //! Declaring the same symbols with a different return type links to the same functions: the C ABI of an
 //! `enum CUresult` (a 32-bit unsigned integer) and of `u32` are the same.
@@ -16,7 +17,9 @@
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::mem::{align_of, offset_of, size_of};
 
-pub(crate) use cuda_driver_sys::{
+// The handle types are the crate's own (`crate::raw`), so that no bindings crate's type reaches the
+// public API; they have the C types' representation (an `int`, an `unsigned long long`, or a pointer).
+pub(crate) use crate::raw::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUmemGenericAllocationHandle,
     CUmodule, CUstream,
 };
@@ -151,6 +154,17 @@ mod layout {
         offset_of!(super::CUmemAccessDesc, flags),
         offset_of!(s::CUmemAccessDesc, flags)
     );
+
+    // The crate's own handle types are the bindings' handle types' size.
+    assert_eq_size!(super::CUcontext, s::CUcontext);
+    assert_eq_size!(super::CUstream, s::CUstream);
+    assert_eq_size!(super::CUevent, s::CUevent);
+    assert_eq_size!(super::CUmodule, s::CUmodule);
+    assert_eq_size!(super::CUfunction, s::CUfunction);
+    assert_eq_size!(super::CUgraph, s::CUgraph);
+    assert_eq_size!(super::CUdevice, s::CUdevice);
+    assert_eq_size!(super::CUdeviceptr, s::CUdeviceptr);
+    assert_eq_size!(super::CUmemGenericAllocationHandle, s::CUmemGenericAllocationHandle);
 
     // The integer stand-ins for C enums are as wide as the C enums.
     assert_eq_size!(super::CUresult, s::CUresult);

@@ -184,3 +184,9 @@ mod cudarc_interop {
     assert_impl_all!(LentMut<'static, u32>: Send, Sync);
     assert_not_impl_any!(LentMut<'static, u32>: Clone, Copy);
 }
+
+// The raw handles the escape hatches return are the crate's own types, as large as the C API's.
+assert_eq_size!(cuda_vmm::raw::CUcontext, *mut core::ffi::c_void);
+assert_eq_size!(cuda_vmm::raw::CUstream, *mut core::ffi::c_void);
+assert_eq_size!(cuda_vmm::raw::CUdeviceptr, u64);
+assert_eq_size!(cuda_vmm::raw::CUdevice, i32);
