@@ -17,11 +17,11 @@ use crate::wait::{self, Returns};
 /// guard under which a peer view reads its owner's memory, or the owned buffer whose kept access set
 /// names them). Empty for a buffer's own memory and a grant to one device.
 #[derive(Clone, Copy)]
-pub(crate) enum Reach<'a> {
+pub(crate) enum Reach<'mem> {
     /// Contexts borrowed from their owners: a grant's list, or the owner of a peer view's memory.
-    Borrowed(&'a [&'a Context]),
+    Borrowed(&'mem [&'mem Context]),
     /// Contexts an owned buffer keeps as its access set (retained by the buffer, borrowed by the view).
-    Owned(&'a [Context]),
+    Owned(&'mem [Context]),
 }
 
 impl Reach<'_> {
@@ -48,15 +48,15 @@ impl Reach<'_> {
 /// of a peer view's memory. Copies between devices take the direct path only where one of them does.
 ///
 /// # Lifetimes
-/// `'a` is the borrow of the memory's owner (the grant or the buffer), of the context copies run in, and
+/// `'mem` is the borrow of the memory's owner (the grant or the buffer), of the context copies run in, and
 /// of whatever opens the memory to other devices (the grant's list of contexts, or a peer guard).
-pub struct DeviceSlice<'a, T> {
+pub struct DeviceSlice<'mem, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
-    context: &'a Context,
-    reach: Reach<'a>,
-    /// Shared access to `len` values of `T` for `'a`: covariant; `Send`/`Sync` only where `&[T]` is.
-    _data: PhantomData<&'a [T]>,
+    context: &'mem Context,
+    reach: Reach<'mem>,
+    /// Shared access to `len` values of `T` for `'mem`: covariant; `Send`/`Sync` only where `&[T]` is.
+    _data: PhantomData<&'mem [T]>,
 }
 
 /// A writable view of `len` values of `T` in device memory, reachable from the device of its context.
@@ -68,16 +68,16 @@ pub struct DeviceSlice<'a, T> {
 /// is a data race on the device, not undefined behaviour in Rust (see the README on aliases).
 ///
 /// # Lifetimes
-/// `'a` is the exclusive borrow of the memory's owner, and the borrow of the context copies run in and
+/// `'mem` is the exclusive borrow of the memory's owner, and the borrow of the context copies run in and
 /// of whatever opens the memory to other devices.
-pub struct DeviceSliceMut<'a, T> {
+pub struct DeviceSliceMut<'mem, T> {
     ptr: sys::CUdeviceptr,
     len: usize,
-    context: &'a Context,
-    reach: Reach<'a>,
-    /// Exclusive access to `len` values of `T` for `'a`: invariant in `T`, as `&mut [T]`; `Send`/`Sync`
+    context: &'mem Context,
+    reach: Reach<'mem>,
+    /// Exclusive access to `len` values of `T` for `'mem`: invariant in `T`, as `&mut [T]`; `Send`/`Sync`
     /// only where `&mut [T]` is.
-    _data: PhantomData<&'a mut [T]>,
+    _data: PhantomData<&'mem mut [T]>,
 }
 
 impl<T> Clone for DeviceSlice<'_, T> {
@@ -231,15 +231,15 @@ macro_rules! view_accessors {
     };
 }
 
-impl<'a, T: Pod> DeviceSlice<'a, T> {
+impl<'mem, T: Pod> DeviceSlice<'mem, T> {
     /// A view of `[ptr, ptr + len * size_of::<T>())`, which the caller guarantees is device memory
-    /// reachable from `context`'s device, and from every device `reach` names, for `'a`.
+    /// reachable from `context`'s device, and from every device `reach` names, for `'mem`.
     pub(crate) fn from_granted(
         ptr: sys::CUdeviceptr,
         len: usize,
-        context: &'a Context,
-        reach: Reach<'a>,
-    ) -> DeviceSlice<'a, T> {
+        context: &'mem Context,
+        reach: Reach<'mem>,
+    ) -> DeviceSlice<'mem, T> {
         DeviceSlice {
             ptr,
             len,
@@ -250,7 +250,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     }
 
     /// The address, length and context: for the copy routines of this crate.
-    pub(crate) fn parts(&self) -> (sys::CUdeviceptr, usize, &'a Context) {
+    pub(crate) fn parts(&self) -> (sys::CUdeviceptr, usize, &'mem Context) {
         (self.ptr, self.len, self.context)
     }
 
@@ -260,7 +260,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] where `range` is not inside `0..len`.
-    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'a, T>, Error> {
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'mem, T>, Error> {
         let (start, end) = bounds(range, self.len)?;
         Ok(DeviceSlice {
             ptr: offset::<T>(self.ptr, start),
@@ -302,15 +302,15 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     }
 }
 
-impl<'a, T: Pod> DeviceSliceMut<'a, T> {
+impl<'mem, T: Pod> DeviceSliceMut<'mem, T> {
     /// A writable view; the caller guarantees exclusive, writable device memory reachable from
-    /// `context`'s device, and from every device `reach` names, for `'a`.
+    /// `context`'s device, and from every device `reach` names, for `'mem`.
     pub(crate) fn from_granted(
         ptr: sys::CUdeviceptr,
         len: usize,
-        context: &'a Context,
-        reach: Reach<'a>,
-    ) -> DeviceSliceMut<'a, T> {
+        context: &'mem Context,
+        reach: Reach<'mem>,
+    ) -> DeviceSliceMut<'mem, T> {
         DeviceSliceMut {
             ptr,
             len,
@@ -334,10 +334,10 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         }
     }
 
-    /// A read-only view of the same elements for the whole of `'a`, giving up the writable one (as
-    /// `&'a mut [T]` becomes `&'a [T]`).
+    /// A read-only view of the same elements for the whole of `'mem`, giving up the writable one (as
+    /// `&'mem mut [T]` becomes `&'mem [T]`).
     #[must_use]
-    pub fn into_slice(self) -> DeviceSlice<'a, T> {
+    pub fn into_slice(self) -> DeviceSlice<'mem, T> {
         DeviceSlice {
             ptr: self.ptr,
             len: self.len,
@@ -365,7 +365,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         })
     }
 
-    /// The writable sub-view of the elements in `range`, for the whole of `'a`: as
+    /// The writable sub-view of the elements in `range`, for the whole of `'mem`: as
     /// [`slice_mut`](DeviceSliceMut::slice_mut), consuming the view, so that a sub-view can be named in
     /// one expression (`access.slice_mut::<f32>()?.into_slice_mut(..n)?`).
     ///
@@ -374,7 +374,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     pub fn into_slice_mut(
         self,
         range: impl RangeBounds<usize>,
-    ) -> Result<DeviceSliceMut<'a, T>, Error> {
+    ) -> Result<DeviceSliceMut<'mem, T>, Error> {
         let (start, end) = bounds(range, self.len)?;
         Ok(DeviceSliceMut {
             ptr: offset::<T>(self.ptr, start),
@@ -390,7 +390,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     pub fn split_at_mut(
         self,
         mid: usize,
-    ) -> Result<(DeviceSliceMut<'a, T>, DeviceSliceMut<'a, T>), Error> {
+    ) -> Result<(DeviceSliceMut<'mem, T>, DeviceSliceMut<'mem, T>), Error> {
         if mid > self.len {
             return Err(Error::OutOfBounds {
                 what: "split point",
