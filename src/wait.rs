@@ -142,6 +142,34 @@ pub(crate) fn synchronous(
     waited
 }
 
+/// Runs `body`, then `wait`, in this frame: on return, and also while a panic unwinds out of `body`
+/// (a guard local to this frame, which `body` never sees, waits in its `Drop`). The one wait both
+/// scopes end with ([`crate::scope`] and the cudarc interop's): the borrows lent to queued work
+/// end only after it, whatever `body` does, and forgetting any value `body` holds changes nothing.
+/// Returns `body`'s value and the wait's result; where `body` panics, the panic goes on once the wait
+/// has returned (its error is then dropped).
+pub(crate) fn after<T>(
+    body: impl FnOnce() -> T,
+    wait: &dyn Fn() -> Result<(), Error>,
+) -> (T, Result<(), Error>) {
+    /// Waits when dropped, which happens only while a panic unwinds through [`after`]; on a normal
+    /// return the guard is not dropped, and [`after`] waits itself to report the error.
+    struct WaitOnUnwind<'w>(&'w dyn Fn() -> Result<(), Error>);
+
+    impl Drop for WaitOnUnwind<'_> {
+        fn drop(&mut self) {
+            // Unwinding: the error cannot be returned, and the panic goes on once the work has
+            // been waited for.
+            let _ = (self.0)();
+        }
+    }
+
+    let guard = WaitOnUnwind(wait);
+    let value = body();
+    let guard = core::mem::ManuallyDrop::new(guard);
+    (value, (guard.0)())
+}
+
 /// `cuStreamIsCapturing`: `true` where `stream` (of the current context) is capturing a graph,
 /// valid or invalidated.
 ///

@@ -183,36 +183,15 @@ where
     E: From<Error>,
 {
     let scope = Scope::enter(stream)?;
-    // Local to this frame, never seen by `f`: if `f` panics, its `Drop` waits while the panic
-    // unwinds through here, before any borrow lent to the scope ends.
-    let guard = WaitOnUnwind(&scope.state);
-    let result = f(&scope);
-    let waited = guard.wait();
+    // The wait is in `wait::after`'s frame, on return and while a panic of `f` unwinds, before any
+    // borrow lent to the scope ends.
+    let (result, waited) = wait::after(|| f(&scope), &|| scope.state.wait());
     if let Some(refusal) = scope.state.take_refusal() {
         return Err(refusal.into());
     }
     let value = result?;
     waited?;
     Ok(value)
-}
-
-/// Waits for the scope's stream when dropped, which happens only while a panic unwinds through
-/// [`scope`]; on a normal return [`WaitOnUnwind::wait`] takes its place and reports the error.
-struct WaitOnUnwind<'a, 'scope>(&'a State<'scope>);
-
-impl WaitOnUnwind<'_, '_> {
-    fn wait(self) -> Result<(), Error> {
-        let this = core::mem::ManuallyDrop::new(self);
-        this.0.wait()
-    }
-}
-
-impl Drop for WaitOnUnwind<'_, '_> {
-    fn drop(&mut self) {
-        // Unwinding: the error cannot be returned, and the panic goes on once the stream is waited
-        // for.
-        let _ = self.0.wait();
-    }
 }
 
 /// The scope of [`scope`]: it lends views to the work queued on its cudarc stream, and waits for

@@ -4,7 +4,6 @@
 use core::ffi::c_void;
 use core::fmt;
 use core::marker::PhantomData;
-use core::mem::ManuallyDrop;
 use core::ops::Deref;
 use core::ptr;
 use std::sync::{Mutex, PoisonError};
@@ -18,6 +17,7 @@ use crate::sys;
 use crate::view::DeviceSlice;
 #[cfg(doc)]
 use crate::view::DeviceSliceMut;
+use crate::wait;
 
 use super::Stream;
 #[cfg(doc)]
@@ -189,33 +189,12 @@ where
         streams: Mutex::new(Streams::new()),
         _lifetimes: PhantomData,
     };
-    // Local to this frame, never seen by `f`: if `f` panics, its `Drop` waits while the panic
-    // unwinds through here, before any borrow lent to the scope ends.
-    let guard = WaitOnUnwind(&scope);
-    let result = f(&scope);
-    let waited = guard.wait();
+    // The wait is in `wait::after`'s frame, on return and while a panic of `f` unwinds, before any
+    // borrow lent to the scope ends.
+    let (result, waited) = wait::after(|| f(&scope), &|| scope.wait_all());
     let value = result?;
     waited?;
     Ok(value)
-}
-
-/// Waits for every stream of a scope when dropped, which happens only while a panic unwinds through
-/// [`scope`]; on a normal return [`WaitOnUnwind::wait`] takes its place and reports the error.
-struct WaitOnUnwind<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
-
-impl WaitOnUnwind<'_, '_, '_> {
-    fn wait(self) -> Result<(), Error> {
-        let this = ManuallyDrop::new(self);
-        this.0.wait_all()
-    }
-}
-
-impl Drop for WaitOnUnwind<'_, '_, '_> {
-    fn drop(&mut self) {
-        // Unwinding: the error cannot be returned, and the panic goes on once every stream is waited
-        // for.
-        let _ = self.0.wait_all();
-    }
 }
 
 /// The scope of [`scope`]: where streams become [`ScopedStream`]s ([`Scope::on`]), and which waits
