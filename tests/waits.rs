@@ -518,6 +518,21 @@ fn a_capture_beginning_during_the_wait_does_not_end_it_early() {
     );
 }
 
+/// The two [`COPY`]-byte buffers of the copy tests, each one page: the source filled with
+/// [`FILL`], the destination with zeros; and the page size.
+#[cfg(feature = "cudarc")]
+fn source_and_destination(gpu: &Gpu) -> (VirtualBuffer, VirtualBuffer, usize) {
+    let device = gpu.device;
+    let page = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let mut src = VirtualBuffer::new(COPY, &[device], ReadWrite).unwrap();
+    src.grow(device, COPY).unwrap();
+    let mut dst = VirtualBuffer::new(COPY, &[device], ReadWrite).unwrap();
+    dst.grow(device, COPY).unwrap();
+    fill(&gpu.ctx, &mut src, FILL);
+    fill(&gpu.ctx, &mut dst, 0);
+    (src, dst, page)
+}
+
 /// Trigger 4: a synchronous `DeviceSliceMut::copy_from_device` of 4 GiB while another thread
 /// captures in GLOBAL mode. The copy runs on the legacy default stream, queued behind a [`SPIN`]
 /// kernel launched there (through cudarc) just before; the old copy's wait was refused at once
@@ -533,14 +548,8 @@ fn a_synchronous_device_copy_waits_while_another_thread_captures_globally() {
     let Some(gpu) = cudarc_gpu_or_skip(TEST) else {
         return;
     };
-    let (device, ctx) = (gpu.device, &gpu.ctx);
-    let page = allocation_granularity(device, Granularity::Minimum).unwrap();
-    let mut src = VirtualBuffer::new(COPY, &[device], ReadWrite).unwrap();
-    src.grow(device, COPY).unwrap();
-    let mut dst = VirtualBuffer::new(COPY, &[device], ReadWrite).unwrap();
-    dst.grow(device, COPY).unwrap();
-    fill(ctx, &mut src, FILL);
-    fill(ctx, &mut dst, 0);
+    let ctx = &gpu.ctx;
+    let (src, mut dst, page) = source_and_destination(&gpu);
     // Made before the kernel: cudarc's first stream of a context synchronises the context.
     let capturing = gpu.cu.new_stream().unwrap();
     let legacy = gpu.cu.default_stream();
@@ -597,14 +606,8 @@ fn a_staged_copy_waits_while_another_thread_captures_globally() {
     let Some(gpu) = cudarc_gpu_or_skip(TEST) else {
         return;
     };
-    let (device, ctx) = (gpu.device, &gpu.ctx);
-    let page = allocation_granularity(device, Granularity::Minimum).unwrap();
-    let mut src = VirtualBuffer::new(COPY, &[device], ReadWrite).unwrap();
-    src.grow(device, COPY).unwrap();
-    let mut dst = VirtualBuffer::new(COPY, &[device], ReadWrite).unwrap();
-    dst.grow(device, COPY).unwrap();
-    fill(ctx, &mut src, FILL);
-    fill(ctx, &mut dst, 0);
+    let ctx = &gpu.ctx;
+    let (src, mut dst, page) = source_and_destination(&gpu);
     let staging = Staging::new(ctx, STAGING_CHUNK_BYTES).unwrap();
     let capturing = gpu.cu.new_stream().unwrap();
     // The first and the last page of the destination, read with synchronous copies.
