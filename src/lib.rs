@@ -150,6 +150,7 @@ mod host;
 pub mod interop;
 #[cfg(unix)]
 pub mod ipc;
+mod mapped;
 mod mapping;
 mod module;
 mod owned;
