@@ -4,7 +4,7 @@
 use core::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::access::{Access, AccessMode};
+use crate::access::{Access, AccessMode, ScopedAccess};
 use crate::device::Context;
 use crate::error::{Error, check};
 use crate::mapped::{Backing, MappedRange};
@@ -311,6 +311,41 @@ impl OwnedMapping {
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
         self.range.grant_all(contexts, mode)
+    }
+
+    /// `cuMemSetAccess` — grant every device of `contexts` access until the returned grant ends; as
+    /// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped): when the [`ScopedAccess`] ends, each
+    /// granted context is synchronised, then every granted device is set back to no access.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, SharedReservation};
+    ///
+    /// # fn main() -> Result<(), cuda_vmm::Error> {
+    /// let device = Device::get(0)?;
+    /// let context = Context::new(device)?;
+    /// let page = cuda_vmm::allocation_granularity(device, cuda_vmm::Granularity::Minimum)?;
+    /// let reservation = SharedReservation::new(page, 0)?;
+    /// let mut mapping = reservation.map(0, PhysicalAllocation::new(device, page)?)?;
+    /// let contexts = [&context];
+    /// let mut scoped = mapping.grant_scoped(&contexts, ReadWrite)?;
+    /// scoped.slice_mut::<u8>()?.copy_from_host(&vec![1; page])?;
+    /// scoped.revoke()?; // the device has no access again; the mapping can be granted anew
+    /// let access = mapping.grant(&context, ReadWrite)?;
+    /// assert_eq!(access.slice::<u8>()?.to_vec()?, vec![1; page]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Mapping::grant_scoped`](crate::Mapping::grant_scoped).
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_scoped<'a, M: AccessMode>(
+        &'a mut self,
+        contexts: &'a [&'a Context],
+        mode: M,
+    ) -> Result<ScopedAccess<'a, M>, Error> {
+        self.range.grant_scoped(contexts, mode)
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the memory
