@@ -134,13 +134,10 @@ impl<'va> Region<'va> {
         &mut self,
         memory: &'mem mut HostAllocation,
     ) -> Result<HostMapping<'va, 'mem>, Error> {
-        let ptr = self.start();
         let memory: &'mem HostAllocation = memory;
         let mapping = self.map(&memory.memory)?;
         Ok(HostMapping {
             mapping,
-            ptr,
-            size: memory.size(),
             location: memory.location(),
             _memory: PhantomData,
         })
@@ -156,8 +153,6 @@ impl<'va> Region<'va> {
 ///   dropped or moved while the mapping lives.
 pub struct HostMapping<'va, 'mem> {
     mapping: Mapping<'va, 'mem>,
-    ptr: sys::CUdeviceptr,
-    size: usize,
     location: Location,
     /// The exclusive borrow of the allocation: covariant in `'mem`; `Send`/`Sync` as
     /// `&mut HostAllocation` (both).
@@ -167,8 +162,8 @@ pub struct HostMapping<'va, 'mem> {
 impl fmt::Debug for HostMapping<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostMapping")
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("size", &self.size)
+            .field("ptr", &format_args!("{:#x}", self.mapping.range().ptr()))
+            .field("size", &self.mapping.size())
             .field("location", &self.location)
             .finish()
     }
@@ -178,7 +173,7 @@ impl<'va> HostMapping<'va, '_> {
     /// The mapped size in bytes.
     #[must_use]
     pub fn size(&self) -> usize {
-        self.size
+        self.mapping.size()
     }
 
     /// `cuMemSetAccess` — grant the device of `context` access, as [`Mapping::grant`]. The returned
@@ -248,12 +243,13 @@ impl<'va> HostMapping<'va, '_> {
             },
             flags: M::FLAGS,
         };
+        let (ptr, size) = (self.mapping.range().ptr(), self.mapping.size());
         // SAFETY: `[ptr, ptr + size)` is this mapping's whole range, mapped while `self` lives; `desc`
         // is one live, initialised access-descriptor mirror (layout asserted in `sys`).
-        check(unsafe { sys::cuMemSetAccess(self.ptr, self.size, &raw const desc, 1) })?;
+        check(unsafe { sys::cuMemSetAccess(ptr, size, &raw const desc, 1) })?;
         Ok(HostAccess {
-            ptr: self.ptr,
-            size: self.size,
+            ptr,
+            size,
             _mapping: PhantomData,
             _mode: PhantomData,
         })

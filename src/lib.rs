@@ -62,6 +62,7 @@ mod host;
 pub mod interop;
 #[cfg(unix)]
 pub mod ipc;
+mod mapped;
 mod mapping;
 mod module;
 mod owned;

@@ -1,12 +1,11 @@
 //! Mappings of physical memory into reserved address ranges: `cuMemMap` / `cuMemUnmap`.
 
 use core::fmt;
-use core::marker::PhantomData;
-use core::mem::ManuallyDrop;
 
-use crate::access::{Access, AccessMode, Contexts, ScopedAccess, grant_range};
+use crate::access::{Access, AccessMode, ScopedAccess};
 use crate::device::Context;
 use crate::error::{DriverError, Error, Result, check};
+use crate::mapped::{Borrowed, MappedRange};
 use crate::physical::{PhysicalAllocation, check_multiple};
 use crate::reservation::{Region, VirtualReservation};
 use crate::sys;
@@ -31,19 +30,19 @@ use crate::sys;
 /// A `Mapping` is exactly the address and size the driver calls need (16 bytes on 64-bit targets); the
 /// borrows are compile-time only.
 pub struct Mapping<'va, 'mem> {
-    ptr: sys::CUdeviceptr,
-    size: usize,
-    /// The reservation's range: covariant in `'va`; `Send`/`Sync` because `VirtualReservation` is both.
-    _va: PhantomData<&'va VirtualReservation>,
-    /// The mapped memory: covariant in `'mem`; `Send`/`Sync` because `PhysicalAllocation` is both.
-    _mem: PhantomData<&'mem PhysicalAllocation>,
+    range: MappedRange<Borrows<'va, 'mem>>,
 }
+
+/// What a [`Mapping`] borrows, at the type level only: the reservation's range (covariant in `'va`;
+/// `Send`/`Sync` because `VirtualReservation` is both) and the mapped memory (covariant in `'mem`;
+/// `Send`/`Sync` because `PhysicalAllocation` is both).
+type Borrows<'va, 'mem> = Borrowed<(&'va VirtualReservation, &'mem PhysicalAllocation)>;
 
 impl fmt::Debug for Mapping<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mapping")
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("size", &self.size)
+            .field("ptr", &format_args!("{:#x}", self.range.ptr()))
+            .field("size", &self.range.size())
             .finish()
     }
 }
@@ -52,17 +51,19 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// Wraps a range that [`Region::map_all`] has just mapped.
     pub(crate) fn from_mapped(ptr: sys::CUdeviceptr, size: usize) -> Mapping<'va, 'mem> {
         Mapping {
-            ptr,
-            size,
-            _va: PhantomData,
-            _mem: PhantomData,
+            range: MappedRange::borrowed(ptr, size),
         }
+    }
+
+    /// The mapped range, for the types that wrap a mapping.
+    pub(crate) fn range(&self) -> &MappedRange<Borrows<'va, 'mem>> {
+        &self.range
     }
 
     /// The mapped size in bytes: the sum of the mapped allocations' sizes.
     #[must_use]
     pub fn size(&self) -> usize {
-        self.size
+        self.range.size()
     }
 
     /// `cuMemSetAccess` — grant the device of `context` access to the whole mapping, in `mode`
@@ -89,7 +90,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         context: &'a Context,
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
-        self.grant_contexts(Contexts::One(context), mode)
+        self.range.grant(context, mode)
     }
 
     /// `cuMemSetAccess` — grant every device of `contexts` access to the whole mapping, in `mode`, in one
@@ -104,10 +105,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         contexts: &'a [&'a Context],
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
-        let contexts = Contexts::many(contexts).ok_or(Error::ZeroSize {
-            what: "list of contexts to grant",
-        })?;
-        self.grant_contexts(contexts, mode)
+        self.range.grant_all(contexts, mode)
     }
 
     /// `cuMemSetAccess` — as [`grant_all`](Mapping::grant_all), revoked again when the returned
@@ -125,15 +123,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
         contexts: &'a [&'a Context],
         mode: M,
     ) -> Result<ScopedAccess<'a, M>, Error> {
-        Ok(ScopedAccess::new(self.grant_all(contexts, mode)?))
-    }
-
-    fn grant_contexts<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: Contexts<'a>,
-        mode: M,
-    ) -> Result<Access<'a, M>, Error> {
-        grant_range(self.ptr, self.size, contexts, mode)
+        self.range.grant_scoped(contexts, mode)
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the region back
@@ -148,10 +138,10 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// known.
     #[doc(alias = "cuMemUnmap")]
     pub fn unmap(self) -> Result<Region<'va>> {
-        let this = ManuallyDrop::new(self);
-        // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped, unmapped once: `drop` will not run.
-        check(unsafe { sys::cuMemUnmap(this.ptr, this.size) })?;
-        Ok(Region::from_unmapped(this.ptr, this.size))
+        let (ptr, size) = (self.range.ptr(), self.range.size());
+        let (_, unmapped) = self.range.unmap();
+        unmapped?;
+        Ok(Region::from_unmapped(ptr, size))
     }
 }
 
@@ -265,17 +255,6 @@ impl<'va> Region<'va> {
                 }
             }
         }
-    }
-}
-
-impl Drop for Mapping<'_, '_> {
-    fn drop(&mut self) {
-        // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped; it is unmapped only here (or in
-        // `unmap`, which skips this). The allocation and reservation are still alive (borrowed).
-        let code = unsafe { sys::cuMemUnmap(self.ptr, self.size) };
-        // The error is ignored: `drop` cannot return it and no failure of a whole-mapping unmap is known.
-        // Call `unmap` to see it.
-        let _ = code;
     }
 }
 

@@ -16,11 +16,12 @@ use cuda_vmm::{
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
 // buffer does not know of, inside its reservation, so that its `cuMemMap` is refused; a write into
-// read-only pages.
+// read-only pages; a read of a mapping whose scoped grant has ended.
 unsafe extern "C" {
     fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32;
     fn cuMemUnmap(ptr: u64, size: usize) -> u32;
     fn cuMemsetD8_v2(dst: u64, value: u8, count: usize) -> u32;
+    fn cuMemcpyDtoH_v2(dst: *mut core::ffi::c_void, src: u64, bytes: usize) -> u32;
 }
 
 /// The tests of this file measure free memory; they must not run at the same time.
@@ -681,6 +682,12 @@ fn engine_on_another_thread(mut engine: Engine, seed: u32) -> OwnedMapping {
     engine.weights
 }
 
+/// The whole of `mapping` as `u32`s, read through a new read-only grant to `ctx`.
+fn read_through_new_grant(mapping: &mut OwnedMapping, ctx: &Context) -> Vec<u32> {
+    let access = mapping.grant(ctx, ReadOnly).unwrap();
+    access.slice::<u32>().unwrap().to_vec().unwrap()
+}
+
 /// Owned mappings live in a `Vec` and in struct fields, outlive the reservation handle they were made
 /// from, never overlap (checked at run time, naming the mapping in the way), give their memory back
 /// on `unmap` to be mapped again, and free memory comes back to the byte.
@@ -756,15 +763,8 @@ fn owned_mappings_live_in_vecs_and_never_overlap() {
     let seed = (moved.offset() / g) as u32;
     let kept_memory = moved.unmap().unwrap();
     let mut again = handle.map(g, kept_memory).unwrap();
-    let got = again
-        .grant(&ctx, ReadOnly)
-        .unwrap()
-        .slice::<u32>()
-        .unwrap()
-        .to_vec()
-        .unwrap();
     assert!(
-        got == pattern(g / 4, seed),
+        read_through_new_grant(&mut again, &ctx) == pattern(g / 4, seed),
         "the memory moved with its bytes"
     );
 
@@ -779,6 +779,80 @@ fn owned_mappings_live_in_vecs_and_never_overlap() {
     drop((weights, mappings));
     assert!(handle.mapped().is_empty());
     assert!(handle.free().unwrap(), "the last share frees the range");
+    assert_eq!(
+        free_memory(&ctx),
+        free_before,
+        "the memory is back to the byte"
+    );
+}
+
+/// A scoped grant of an owned mapping: written and read through its views, closed again when it ends
+/// (by `revoke` or by drop), after which the mapping is granted anew and still holds its bytes. Free
+/// memory is back to the byte.
+#[test]
+fn owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let words = g / 4;
+    warm_up(device);
+    let free_before = free_memory(&ctx);
+    let reservation = SharedReservation::new(g, 0).unwrap();
+    let memory = PhysicalAllocation::new(device, g).unwrap();
+    let mut mapping = reservation.map(0, memory).unwrap();
+
+    // Refused before any driver call: an empty list.
+    assert!(matches!(
+        mapping.grant_scoped(&[], ReadWrite),
+        Err(Error::ZeroSize { .. })
+    ));
+    let contexts = [&ctx];
+    let mut scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+    assert_eq!(scoped.devices(), [device]);
+    assert_eq!(scoped.size(), g);
+    let ptr = scoped.as_raw_ptr();
+    assert_eq!(ptr, reservation.base());
+    scoped
+        .slice_mut::<u32>()
+        .unwrap()
+        .copy_from_host(&pattern(words, 11))
+        .unwrap();
+    let got = scoped.slice::<u32>().unwrap().to_vec().unwrap();
+    assert!(got == pattern(words, 11), "read through the scoped grant");
+    scoped.revoke().unwrap();
+
+    // The grant has ended: the driver refuses a raw read of the mapping (not a sticky error,
+    // measured in `tests/driver_facts.rs`).
+    ctx.bind_to_thread().unwrap();
+    let mut host = vec![0u8; 64];
+    // SAFETY: `host` is writable for 64 bytes; the source is mapped (the mapping lives), its grant
+    // revoked: the driver refuses or fails the copy, and cannot write elsewhere.
+    let code = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptr, host.len()) };
+    assert_ne!(
+        code,
+        0,
+        "a read after the scoped grant ended: {}",
+        common::code_name(code)
+    );
+
+    // A new grant works, and the bytes are still there; a scoped grant ended by its drop too.
+    assert!(
+        read_through_new_grant(&mut mapping, &ctx) == pattern(words, 11),
+        "read through a new grant"
+    );
+    drop(mapping.grant_scoped(&contexts, ReadOnly).unwrap());
+    assert!(
+        read_through_new_grant(&mut mapping, &ctx) == pattern(words, 11),
+        "read after a dropped scoped grant"
+    );
+
+    let memory = mapping.unmap().unwrap();
+    assert!(reservation.mapped().is_empty());
+    drop((memory, reservation));
     assert_eq!(
         free_memory(&ctx),
         free_before,

@@ -2,14 +2,12 @@
 //! reservation, with the mapped ranges kept at run time so that two never overlap.
 
 use core::fmt;
-use core::mem::ManuallyDrop;
-use core::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::access::grant_range;
-use crate::access::{Access, AccessMode, Contexts};
+use crate::access::{Access, AccessMode, ScopedAccess};
 use crate::device::Context;
-use crate::error::{DriverError, Error, check};
+use crate::error::{Error, check};
+use crate::mapped::{Backing, MappedRange};
 use crate::physical::PhysicalAllocation;
 use crate::reservation::VirtualReservation;
 use crate::sys;
@@ -146,10 +144,14 @@ impl SharedReservation {
             return Err(error.into());
         }
         Ok(OwnedMapping {
-            ptr,
-            offset,
-            memory,
-            reservation: self.clone(),
+            range: MappedRange::from_mapped(
+                ptr,
+                Owned {
+                    offset,
+                    memory,
+                    reservation: self.clone(),
+                },
+            ),
         })
     }
 
@@ -224,21 +226,36 @@ impl SharedReservation {
 /// # }
 /// ```
 pub struct OwnedMapping {
-    ptr: sys::CUdeviceptr,
+    range: MappedRange<Owned>,
+}
+
+/// What an [`OwnedMapping`]'s range holds: dropped after the range is unmapped.
+struct Owned {
     offset: usize,
     /// Declared before `reservation`: released (dropped) before the share of the range is.
     memory: PhysicalAllocation,
     reservation: SharedReservation,
 }
 
+impl Backing for Owned {
+    fn size(&self) -> usize {
+        self.memory.size()
+    }
+
+    /// The range leaves the reservation's record.
+    fn unmapped(&self) {
+        self.reservation.forget_range(self.offset);
+    }
+}
+
 impl fmt::Debug for OwnedMapping {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OwnedMapping")
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("offset", &self.offset)
-            .field("size", &self.memory.size())
-            .field("location", &self.memory.location())
-            .field("reservation", &self.reservation)
+            .field("ptr", &format_args!("{:#x}", self.range.ptr()))
+            .field("offset", &self.offset())
+            .field("size", &self.size())
+            .field("location", &self.memory().location())
+            .field("reservation", self.reservation())
             .finish()
     }
 }
@@ -247,25 +264,25 @@ impl OwnedMapping {
     /// The mapped size in bytes: the size of the memory.
     #[must_use]
     pub fn size(&self) -> usize {
-        self.memory.size()
+        self.range.size()
     }
 
     /// Where the mapping starts, in bytes from the reservation's base.
     #[must_use]
     pub fn offset(&self) -> usize {
-        self.offset
+        self.range.backing().offset
     }
 
     /// The memory the mapping owns.
     #[must_use]
     pub fn memory(&self) -> &PhysicalAllocation {
-        &self.memory
+        &self.range.backing().memory
     }
 
     /// A handle to the reservation the mapping lies in.
     #[must_use]
     pub fn reservation(&self) -> &SharedReservation {
-        &self.reservation
+        &self.range.backing().reservation
     }
 
     /// `cuMemSetAccess` — grant the device of `context` access to the whole mapping, in `mode`; as
@@ -279,10 +296,7 @@ impl OwnedMapping {
         context: &'a Context,
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
-        // `[ptr, ptr + size)` is this mapping's whole range; the `Access` borrows the mapping
-        // mutably, so it stays mapped (and no other grant is made) while the access or any view of
-        // it lives.
-        grant_range(self.ptr, self.size(), Contexts::One(context), mode)
+        self.range.grant(context, mode)
     }
 
     /// `cuMemSetAccess` — grant every device of `contexts` access to the whole mapping, in `mode`, in
@@ -296,10 +310,42 @@ impl OwnedMapping {
         contexts: &'a [&'a Context],
         mode: M,
     ) -> Result<Access<'a, M>, Error> {
-        let contexts = Contexts::many(contexts).ok_or(Error::ZeroSize {
-            what: "list of contexts to grant",
-        })?;
-        grant_range(self.ptr, self.size(), contexts, mode)
+        self.range.grant_all(contexts, mode)
+    }
+
+    /// `cuMemSetAccess` — grant every device of `contexts` access until the returned grant ends; as
+    /// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped): when the [`ScopedAccess`] ends, each
+    /// granted context is synchronised, then every granted device is set back to no access.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, SharedReservation};
+    ///
+    /// # fn main() -> Result<(), cuda_vmm::Error> {
+    /// let device = Device::get(0)?;
+    /// let context = Context::new(device)?;
+    /// let page = cuda_vmm::allocation_granularity(device, cuda_vmm::Granularity::Minimum)?;
+    /// let reservation = SharedReservation::new(page, 0)?;
+    /// let mut mapping = reservation.map(0, PhysicalAllocation::new(device, page)?)?;
+    /// let contexts = [&context];
+    /// let mut scoped = mapping.grant_scoped(&contexts, ReadWrite)?;
+    /// scoped.slice_mut::<u8>()?.copy_from_host(&vec![1; page])?;
+    /// scoped.revoke()?; // the device has no access again; the mapping can be granted anew
+    /// let access = mapping.grant(&context, ReadWrite)?;
+    /// assert_eq!(access.slice::<u8>()?.to_vec()?, vec![1; page]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Mapping::grant_scoped`](crate::Mapping::grant_scoped).
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_scoped<'a, M: AccessMode>(
+        &'a mut self,
+        contexts: &'a [&'a Context],
+        mode: M,
+    ) -> Result<ScopedAccess<'a, M>, Error> {
+        self.range.grant_scoped(contexts, mode)
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the memory
@@ -311,36 +357,9 @@ impl OwnedMapping {
     /// the process ends. No driver failure of a whole-mapping unmap is known.
     #[doc(alias = "cuMemUnmap")]
     pub fn unmap(self) -> Result<PhysicalAllocation, Error> {
-        let this = ManuallyDrop::new(self);
-        let unmapped = this.unmap_raw();
-        // SAFETY: `this` is never used or dropped again, so each field is moved out exactly once.
-        let (memory, reservation) = unsafe {
-            (
-                ptr::read(&raw const this.memory),
-                ptr::read(&raw const this.reservation),
-            )
-        };
-        drop(reservation);
+        let (owned, unmapped) = self.range.unmap();
+        drop(owned.reservation);
         unmapped?;
-        Ok(memory)
-    }
-
-    /// `cuMemUnmap` of the whole mapping; on success its range leaves the reservation's record.
-    fn unmap_raw(&self) -> Result<(), DriverError> {
-        // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped, unmapped once: by `unmap`,
-        // which skips `drop`, or by `drop`. No view lives (views borrow the mapping), and every copy
-        // through one finished before it returned.
-        check(unsafe { sys::cuMemUnmap(self.ptr, self.size()) })?;
-        self.reservation.forget_range(self.offset);
-        Ok(())
-    }
-}
-
-impl Drop for OwnedMapping {
-    fn drop(&mut self) {
-        // Unmapped here; then the memory is released and the share of the range dropped (the fields,
-        // in that order). The error is ignored: `drop` cannot return it, and a range the driver
-        // refuses to unmap stays recorded, so nothing maps over it. Call `unmap` to see it.
-        let _ = self.unmap_raw();
+        Ok(owned.memory)
     }
 }
