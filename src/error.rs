@@ -9,7 +9,7 @@
 //! therefore an integer in a newtype, [`DriverError`]: every code is representable, the codes this
 //! crate knows have names ([`DriverError::INVALID_VALUE`], ...), and an unknown one still prints its
 //! number. It wraps a [`NonZeroU32`] because `0` is `CUDA_SUCCESS`, which is not an error; this
-//! also makes [`Result<()>`](Result) the size of a `u32`.
+//! also makes a `Result<(), DriverError>` the size of a `u32`.
 //!
 //! The known codes are exactly those of the `CUresult` enum of CUDA 13.3 (`cuda.h` with
 //! `CUDA_VERSION` 13030), 102 of them. Names and descriptions are what `cuGetErrorName` and
@@ -18,17 +18,28 @@
 //! `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE` (918, CUDA 13.3), carry a description paraphrased from the
 //! header's documentation instead.
 //!
-//! # Argument errors
+//! # One error type
 //!
-//! [`Error`] is returned by operations that check their arguments before calling the driver: a
-//! size that is not aligned, a range out of bounds, memory of the wrong device, and so on. A
-//! refusal by the driver itself is [`Error::Driver`].
+//! Every fallible public function of the crate returns [`Error`] (its [`Result`] is
+//! `Result<T, Error>`). Most variants are argument checks made before any driver call: a size that
+//! is not aligned, a range out of bounds, memory of the wrong device, and so on. A refusal by the
+//! driver itself is [`Error::Driver`], which holds the [`DriverError`]; where a function's
+//! documentation names a driver code as its error, such as `DriverError::OUT_OF_MEMORY`, it is
+//! returned as that `Error::Driver`. [`Error::driver`] gives the code of any error the driver made.
+//!
+//! Inside the crate, one driver call's result is a [`DriverResult`], which keeps the bare code, so
+//! that clean-up paths can report both codes of an [`Error::CleanupFailed`].
 
 use core::fmt;
 use core::num::NonZeroU32;
 
-/// The result of a driver call: `Ok` for `CUDA_SUCCESS`, otherwise the [`DriverError`].
-pub type Result<T, E = DriverError> = core::result::Result<T, E>;
+/// The result of every fallible function of this crate: `Ok`, or the [`Error`] that says why not.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// The result of one driver call inside the crate: `Ok` for `CUDA_SUCCESS`, otherwise the
+/// [`DriverError`]. Internal helpers keep the driver's code this precise; every public function
+/// turns it into an [`Error::Driver`].
+pub(crate) type DriverResult<T> = core::result::Result<T, DriverError>;
 
 /// A CUDA driver error: a `CUresult` other than `CUDA_SUCCESS`.
 ///
@@ -54,8 +65,8 @@ impl DriverError {
 
     /// Whether this error means that the machine has no usable GPU: [`NO_DEVICE`](Self::NO_DEVICE)
     /// (no GPU, or no kernel driver) or [`STUB_LIBRARY`](Self::STUB_LIBRARY) (a toolkit's stub was
-    /// loaded instead of the driver). Programs and tests that should say so and stop, rather than
-    /// fail, ask this of [`init`](crate::init)'s error.
+    /// loaded instead of the driver). [`Error::is_no_gpu`] asks this of an [`Error::Driver`], such
+    /// as [`init`](crate::init)'s error.
     #[must_use]
     pub fn is_no_gpu(self) -> bool {
         self == DriverError::NO_DEVICE || self == DriverError::STUB_LIBRARY
@@ -389,12 +400,12 @@ impl fmt::Debug for DriverError {
 
 impl std::error::Error for DriverError {}
 
-/// Turns a raw `CUresult` into a [`Result`].
+/// Turns a raw `CUresult` into a [`DriverResult`].
 ///
 /// # Errors
 ///
 /// Returns the [`DriverError`] for every code other than `0` (`CUDA_SUCCESS`).
-pub(crate) fn check(code: u32) -> Result<()> {
+pub(crate) fn check(code: u32) -> DriverResult<()> {
     match DriverError::from_raw(code) {
         None => Ok(()),
         Some(error) => Err(error),
@@ -414,7 +425,8 @@ pub(crate) fn first_error<E>(results: impl IntoIterator<Item = Result<(), E>>) -
     first
 }
 
-/// The error of operations that check their arguments before calling the driver.
+/// The error of every fallible function of this crate: an argument refused before any driver call,
+/// or the driver's refusal ([`Error::Driver`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
@@ -598,6 +610,15 @@ impl Error {
             | Error::Refused { error, .. } => Some(error),
             _ => None,
         }
+    }
+
+    /// Whether this error means that the machine has no usable GPU: an [`Error::Driver`] whose code
+    /// [is a no-GPU code](DriverError::is_no_gpu) (no GPU or no kernel driver, or a toolkit's stub
+    /// loaded instead of the driver). Programs and tests that should say so and stop, rather than
+    /// fail, ask this of [`init`](crate::init)'s error.
+    #[must_use]
+    pub fn is_no_gpu(&self) -> bool {
+        matches!(*self, Error::Driver(error) if error.is_no_gpu())
     }
 }
 
@@ -813,7 +834,7 @@ mod tests {
         assert_eq!(check(0), Ok(()));
         assert_eq!(check(1), Err(DriverError::INVALID_VALUE));
         assert_eq!(check(u32::MAX).unwrap_err().code(), u32::MAX);
-        assert_eq!(size_of::<Result<()>>(), size_of::<u32>());
+        assert_eq!(size_of::<DriverResult<()>>(), size_of::<u32>());
     }
 
     #[test]
@@ -855,6 +876,23 @@ mod tests {
             assert_eq!(error.driver(), None);
             assert!(error.source().is_none());
         }
+    }
+
+    #[test]
+    fn is_no_gpu_is_asked_of_the_drivers_refusal() {
+        assert!(Error::Driver(DriverError::NO_DEVICE).is_no_gpu());
+        assert!(Error::from(DriverError::STUB_LIBRARY).is_no_gpu());
+        assert!(!Error::Driver(DriverError::INVALID_VALUE).is_no_gpu());
+        assert!(!Error::NotTimed.is_no_gpu());
+        assert!(
+            !Error::Refused {
+                what: "fabric-shareable memory",
+                why: "no IMEX channel is accessible to this process",
+                error: DriverError::NO_DEVICE,
+            }
+            .is_no_gpu(),
+            "only a plain driver refusal says that there is no GPU"
+        );
     }
 
     #[test]

@@ -56,7 +56,7 @@ fn failures(ctx: &Context, g: usize) {
     ));
     assert_eq!(
         Device::get(Device::count().unwrap()).unwrap_err(),
-        DriverError::INVALID_DEVICE
+        Error::Driver(DriverError::INVALID_DEVICE)
     );
     let memory = PhysicalAllocation::new(device, g).unwrap();
     let mut small = VirtualReservation::new(2 * g, 0).unwrap();

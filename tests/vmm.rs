@@ -366,7 +366,8 @@ fn driver_errors_have_names() {
     let count = cuda_vmm::Device::count().unwrap();
     let e = cuda_vmm::Device::get(count).unwrap_err();
     println!("device {count}: {e}");
-    assert_eq!(e, DriverError::INVALID_DEVICE);
+    assert_eq!(e, Error::Driver(DriverError::INVALID_DEVICE));
+    let e = e.driver().unwrap();
     assert_eq!(
         (e.name(), e.description()),
         (
@@ -376,12 +377,12 @@ fn driver_errors_have_names() {
     );
     assert_eq!(
         cuda_vmm::Device::get(usize::MAX).unwrap_err(),
-        DriverError::INVALID_DEVICE
+        Error::Driver(DriverError::INVALID_DEVICE)
     );
 
     // An unknown attribute number.
     let e = device.attribute(1_000_000).unwrap_err();
-    assert_eq!(e, DriverError::INVALID_VALUE);
+    assert_eq!(e, Error::Driver(DriverError::INVALID_VALUE));
 
     // The process keeps working afterwards.
     let memory = PhysicalAllocation::new(device, g).unwrap();

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::access::grant_range;
 use crate::access::{Access, AccessMode, Contexts};
 use crate::device::Context;
-use crate::error::{DriverError, Error, check};
+use crate::error::{DriverResult, Error, check};
 use crate::physical::PhysicalAllocation;
 use crate::reservation::VirtualReservation;
 use crate::sys;
@@ -326,7 +326,7 @@ impl OwnedMapping {
     }
 
     /// `cuMemUnmap` of the whole mapping; on success its range leaves the reservation's record.
-    fn unmap_raw(&self) -> Result<(), DriverError> {
+    fn unmap_raw(&self) -> DriverResult<()> {
         // SAFETY: `[ptr, ptr + size)` is the range this mapping mapped, unmapped once: by `unmap`,
         // which skips `drop`, or by `drop`. No view lives (views borrow the mapping), and every copy
         // through one finished before it returned.
