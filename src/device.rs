@@ -78,13 +78,22 @@ impl Device {
     /// `cuDeviceGet` — the device with this ordinal (after [`init`]).
     ///
     /// # Errors
-    /// [`DriverError::INVALID_DEVICE`] for an ordinal at or above [`Device::count`], or any error of
-    /// [`init`].
+    /// [`Error::NoSuchDevice`] for an ordinal at or above [`Device::count`], checked before
+    /// `cuDeviceGet`; any error of [`Device::count`] or of the driver.
     #[doc(alias = "cuDeviceGet")]
     pub fn get(ordinal: usize) -> Result<Device> {
-        init()?;
+        Device::below(ordinal, Device::count()?)
+    }
+
+    /// `cuDeviceGet` of `ordinal`, checked first against `count`, the driver's device count.
+    fn below(ordinal: usize, count: usize) -> Result<Device> {
+        let no_such = Error::NoSuchDevice { ordinal, count };
+        if ordinal >= count {
+            return Err(no_such);
+        }
+        // Below a count the driver gave as a `c_int`, so this conversion does not fail.
         let Ok(ordinal) = c_int::try_from(ordinal) else {
-            return Err(DriverError::INVALID_DEVICE.into());
+            return Err(no_such);
         };
         let mut device: sys::CUdevice = 0;
         // SAFETY: `device` is a valid, writable `CUdevice` for the duration of the call.
@@ -98,7 +107,7 @@ impl Device {
     /// Any error of [`init`] other than [`DriverError::NO_DEVICE`].
     pub fn all() -> Result<Vec<Device>> {
         match Device::count() {
-            Ok(n) => (0..n).map(Device::get).collect(),
+            Ok(n) => (0..n).map(|ordinal| Device::below(ordinal, n)).collect(),
             Err(Error::Driver(DriverError::NO_DEVICE)) => Ok(Vec::new()),
             Err(e) => Err(e),
         }

@@ -483,6 +483,16 @@ pub enum Error {
         /// The ordinal of the device whose memory was given.
         found: i32,
     },
+    /// A device ordinal at or above the number of devices the driver reports
+    /// ([`Device::count`](crate::Device::count)): [`Device::get`](crate::Device::get) checks it
+    /// before asking the driver, and so does an import of an allocation described for a device
+    /// this process does not have.
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// The number of devices the driver reports: the ordinals are `0..count`.
+        count: usize,
+    },
     /// A device cannot reach another device's memory directly, so a direct copy between them would be
     /// staged by the driver at a fraction of the link's speed (or refused). Checked before any driver
     /// call. Open the memory to the device first (a grant that names it, or a
@@ -667,6 +677,10 @@ impl fmt::Display for Error {
             Error::DeviceMismatch { expected, found } => write!(
                 f,
                 "memory of device {found} was given where memory of device {expected} is needed"
+            ),
+            Error::NoSuchDevice { ordinal, count } => write!(
+                f,
+                "device ordinal {ordinal} is not below the device count {count}"
             ),
             Error::NoPeerAccess { device, owner } => write!(
                 f,
@@ -1010,6 +1024,21 @@ mod tests {
         for (error, _) in cases.iter().skip(1).filter(|(e, _)| *e != cleanup) {
             assert_eq!(error.driver(), None, "{error:?}");
         }
+    }
+
+    #[test]
+    fn no_such_device_is_no_driver_error() {
+        let error = Error::NoSuchDevice {
+            ordinal: 2,
+            count: 2,
+        };
+        assert_eq!(
+            error.to_string(),
+            "device ordinal 2 is not below the device count 2"
+        );
+        assert_eq!(error.driver(), None);
+        assert!(!error.is_no_gpu());
+        assert!(error.source().is_none());
     }
 
     #[test]

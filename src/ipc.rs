@@ -373,7 +373,7 @@ impl ExportedAllocation {
     /// does not depend on it.
     ///
     /// # Errors
-    /// [`DriverError::INVALID_DEVICE`] where the ordinal names no device here;
+    /// [`Error::NoSuchDevice`] where the ordinal names no device here;
     /// [`Error::InvalidMessage`] where the granularity differs or the memory is not device memory;
     /// [`Error::DeviceMismatch`] where the driver places the memory on another device than the
     /// description (devices numbered differently in the two processes); the driver's error otherwise,
