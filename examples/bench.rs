@@ -1448,14 +1448,14 @@ struct RawAlloc<'ctx> {
 
 impl<'ctx> RawAlloc<'ctx> {
     /// `cuMemAlloc` of `bytes` in `ctx`.
-    fn new(ctx: &'ctx Context, bytes: usize) -> Result<RawAlloc<'ctx>, DriverError> {
+    fn new(ctx: &'ctx Context, bytes: usize) -> Result<RawAlloc<'ctx>, cuda_vmm::Error> {
         ctx.bind_to_thread()?;
         let mut ptr = 0u64;
         // SAFETY: `ptr` is writable; `ctx` is current (bound just above).
         let code = unsafe { raw_alloc::cuMemAlloc_v2(&raw mut ptr, bytes) };
         match DriverError::from_raw(code) {
             None => Ok(RawAlloc { ctx, ptr }),
-            Some(e) => Err(e),
+            Some(e) => Err(e.into()),
         }
     }
 
@@ -1531,7 +1531,7 @@ fn realloc_rows(
         }
         let mut buffer = match RawAlloc::new(ctx, size + g) {
             Ok(buffer) => buffer,
-            Err(e) if e == DriverError::OUT_OF_MEMORY => {
+            Err(cuda_vmm::Error::Driver(DriverError::OUT_OF_MEMORY)) => {
                 not_run.push(format!("{what}: cuMemAlloc out of memory"));
                 continue;
             }

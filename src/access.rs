@@ -6,7 +6,7 @@ use core::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{Error, Result, check, first_error};
+use crate::error::{DriverResult, Error, Result, check, first_error};
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 
@@ -352,7 +352,7 @@ pub(crate) fn set_access(
     size: usize,
     contexts: Contexts<'_>,
     flags: u32,
-) -> Result<()> {
+) -> DriverResult<()> {
     let desc = |c: &Context| sys::CUmemAccessDesc {
         location: sys::CUmemLocation {
             type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -384,7 +384,11 @@ pub(crate) fn set_access(
 ///
 /// # Errors
 /// The first device's refusal, where revoking it alone failed too.
-pub(crate) fn revoke(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
+pub(crate) fn revoke(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    contexts: Contexts<'_>,
+) -> DriverResult<()> {
     match set_access(ptr, size, contexts, sys::CU_MEM_ACCESS_FLAGS_PROT_NONE) {
         Ok(()) => Ok(()),
         Err(_) => revoke_each(ptr, size, contexts),
@@ -392,7 +396,7 @@ pub(crate) fn revoke(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>)
 }
 
 /// [`revoke`] device by device: every device is tried; the first refusal is returned.
-fn revoke_each(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> Result<()> {
+fn revoke_each(ptr: sys::CUdeviceptr, size: usize, contexts: Contexts<'_>) -> DriverResult<()> {
     first_error(contexts.iter().map(|context| {
         set_access(
             ptr,

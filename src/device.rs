@@ -5,7 +5,7 @@ use core::fmt;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use crate::error::{DriverError, Result, check};
+use crate::error::{DriverError, Error, Result, check};
 use crate::sys;
 
 /// `cuInit` — initialise the driver API for this process.
@@ -15,8 +15,9 @@ use crate::sys;
 /// needed to learn early whether a driver is usable.
 ///
 /// # Errors
-/// [`DriverError::NO_DEVICE`] where the driver library is installed but no GPU (or no kernel driver) is
-/// present; [`DriverError::STUB_LIBRARY`] where a toolkit stub was loaded instead of a driver.
+/// [`Error::Driver`] with [`DriverError::NO_DEVICE`] where the driver library is installed but no GPU
+/// (or no kernel driver) is present, or with [`DriverError::STUB_LIBRARY`] where a toolkit stub was
+/// loaded instead of a driver: [`Error::is_no_gpu`] is true for both.
 #[doc(alias = "cuInit")]
 pub fn init() -> Result<()> {
     // Success is final for the process (the driver cannot be uninitialised), so it is remembered; a
@@ -77,13 +78,22 @@ impl Device {
     /// `cuDeviceGet` — the device with this ordinal (after [`init`]).
     ///
     /// # Errors
-    /// [`DriverError::INVALID_DEVICE`] for an ordinal at or above [`Device::count`], or any error of
-    /// [`init`].
+    /// [`Error::NoSuchDevice`] for an ordinal at or above [`Device::count`], checked before
+    /// `cuDeviceGet`; any error of [`Device::count`] or of the driver.
     #[doc(alias = "cuDeviceGet")]
     pub fn get(ordinal: usize) -> Result<Device> {
-        init()?;
+        Device::below(ordinal, Device::count()?)
+    }
+
+    /// `cuDeviceGet` of `ordinal`, checked first against `count`, the driver's device count.
+    fn below(ordinal: usize, count: usize) -> Result<Device> {
+        let no_such = Error::NoSuchDevice { ordinal, count };
+        if ordinal >= count {
+            return Err(no_such);
+        }
+        // Below a count the driver gave as a `c_int`, so this conversion does not fail.
         let Ok(ordinal) = c_int::try_from(ordinal) else {
-            return Err(DriverError::INVALID_DEVICE);
+            return Err(no_such);
         };
         let mut device: sys::CUdevice = 0;
         // SAFETY: `device` is a valid, writable `CUdevice` for the duration of the call.
@@ -97,8 +107,8 @@ impl Device {
     /// Any error of [`init`] other than [`DriverError::NO_DEVICE`].
     pub fn all() -> Result<Vec<Device>> {
         match Device::count() {
-            Ok(n) => (0..n).map(Device::get).collect(),
-            Err(e) if e == DriverError::NO_DEVICE => Ok(Vec::new()),
+            Ok(n) => (0..n).map(|ordinal| Device::below(ordinal, n)).collect(),
+            Err(Error::Driver(DriverError::NO_DEVICE)) => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
@@ -182,7 +192,7 @@ impl Device {
     fn has(self, attribute: i32) -> Result<bool> {
         match self.attribute(attribute) {
             Ok(value) => Ok(value != 0),
-            Err(e) if e == DriverError::INVALID_VALUE => Ok(false),
+            Err(Error::Driver(DriverError::INVALID_VALUE)) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -214,7 +224,7 @@ impl Device {
     pub fn host_numa_node(self) -> Result<Option<u16>> {
         match self.attribute(sys::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) {
             Ok(node) => Ok(u16::try_from(node).ok()),
-            Err(e) if e == DriverError::INVALID_VALUE => Ok(None),
+            Err(Error::Driver(DriverError::INVALID_VALUE)) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -312,7 +322,8 @@ impl Context {
     #[doc(alias = "cuCtxSetCurrent")]
     pub fn bind_to_thread(&self) -> Result<()> {
         // SAFETY: `self.raw` is a retained primary context, alive while `self` is.
-        check(unsafe { sys::cuCtxSetCurrent(self.raw) })
+        check(unsafe { sys::cuCtxSetCurrent(self.raw) })?;
+        Ok(())
     }
 
     /// `cuCtxSynchronize` — wait until all work queued in this context has finished.
@@ -324,7 +335,7 @@ impl Context {
     /// # Errors
     /// A sticky error left by earlier asynchronous work.
     #[doc(alias = "cuCtxSynchronize")]
-    pub fn synchronize(&self) -> Result<(), crate::Error> {
+    pub fn synchronize(&self) -> Result<()> {
         crate::wait::context(self.raw)
     }
 

@@ -1,400 +1,46 @@
-//! Errors: the CUDA driver's result codes, and this crate's own argument checks.
+//! Errors: the one [`Error`] of every fallible function, and the driver's result codes it holds.
 //!
-//! # Driver codes
+//! # One error type
 //!
-//! Every driver call returns a `CUresult`. In `cuda.h` that is a C enum, but this crate never reads
-//! it as a Rust `enum`: the driver is loaded at run time and may be newer than any header the crate
-//! was built against, so it can return a code that no enum declares, and a Rust enum holding a
-//! value outside its variants is undefined behaviour. Following rustix's `Errno`, a failure is
-//! therefore an integer in a newtype, [`DriverError`]: every code is representable, the codes this
-//! crate knows have names ([`DriverError::INVALID_VALUE`], ...), and an unknown one still prints its
-//! number. It wraps a [`NonZeroU32`] because `0` is `CUDA_SUCCESS`, which is not an error; this
-//! also makes [`Result<()>`](Result) the size of a `u32`.
+//! Every fallible public function of the crate returns [`Error`] (its [`Result`] is
+//! `Result<T, Error>`). Most variants are argument checks made before any driver call: a size that
+//! is not aligned, a range out of bounds, memory of the wrong device, and so on. A refusal by the
+//! driver itself is [`Error::Driver`], which holds the [`DriverError`]; where a function's
+//! documentation names a driver code as its error, such as `DriverError::OUT_OF_MEMORY`, it is
+//! returned as that `Error::Driver`. [`Error::driver`] gives the code of any error the driver made.
 //!
-//! The known codes are exactly those of the `CUresult` enum of CUDA 13.3 (`cuda.h` with
-//! `CUDA_VERSION` 13030), 102 of them. Names and descriptions are what `cuGetErrorName` and
-//! `cuGetErrorString` of a CUDA 13.0 driver return, verbatim (spelling included). The two codes
-//! newer than that driver, `CUDA_ERROR_STREAM_DETACHED` (917, CUDA 13.1) and
-//! `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE` (918, CUDA 13.3), carry a description paraphrased from the
-//! header's documentation instead.
+//! Inside the crate, one driver call's result is a [`DriverResult`], which keeps the bare code, so
+//! that clean-up paths can report both codes of an [`Error::CleanupFailed`].
 //!
-//! # Argument errors
+//! # Files
 //!
-//! [`Error`] is returned by operations that check their arguments before calling the driver: a
-//! size that is not aligned, a range out of bounds, memory of the wrong device, and so on. A
-//! refusal by the driver itself is [`Error::Driver`].
+//! - this file: [`Error`], [`Result`], and the helpers that turn driver codes into results
+//!   ([`check`], [`first_error`]);
+//! - `error/driver.rs`: [`DriverError`], why it is a newtype of an integer, and what it prints;
+//! - `error/codes.rs`: the table of the 102 codes this crate names, each with the driver's own
+//!   name and description, from which the constants' documentation is made.
 
 use core::fmt;
-use core::num::NonZeroU32;
 
-/// The result of a driver call: `Ok` for `CUDA_SUCCESS`, otherwise the [`DriverError`].
-pub type Result<T, E = DriverError> = core::result::Result<T, E>;
+mod codes;
+mod driver;
 
-/// A CUDA driver error: a `CUresult` other than `CUDA_SUCCESS`.
-///
-/// Any non-zero code can be held, including ones newer than this crate's table; [`name`] and
-/// [`description`] return `None` for those, and [`Display`](fmt::Display) prints
-/// `unknown CUDA error (N)`.
-///
-/// [`name`]: DriverError::name
-/// [`description`]: DriverError::description
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DriverError(NonZeroU32);
+pub use driver::DriverError;
 
-impl DriverError {
-    /// Wraps a raw `CUresult`; `None` for `0` (`CUDA_SUCCESS`).
-    #[must_use]
-    pub const fn from_raw(code: u32) -> Option<DriverError> {
-        match NonZeroU32::new(code) {
-            Some(code) => Some(DriverError(code)),
-            None => None,
-        }
-    }
+/// The result of every fallible function of this crate: `Ok`, or the [`Error`] that says why not.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
 
-    /// Whether this error means that the machine has no usable GPU: [`NO_DEVICE`](Self::NO_DEVICE)
-    /// (no GPU, or no kernel driver) or [`STUB_LIBRARY`](Self::STUB_LIBRARY) (a toolkit's stub was
-    /// loaded instead of the driver). Programs and tests that should say so and stop, rather than
-    /// fail, ask this of [`init`](crate::init)'s error.
-    #[must_use]
-    pub fn is_no_gpu(self) -> bool {
-        self == DriverError::NO_DEVICE || self == DriverError::STUB_LIBRARY
-    }
+/// The result of one driver call inside the crate: `Ok` for `CUDA_SUCCESS`, otherwise the
+/// [`DriverError`]. Internal helpers keep the driver's code this precise; every public function
+/// turns it into an [`Error::Driver`].
+pub(crate) type DriverResult<T> = core::result::Result<T, DriverError>;
 
-    /// The raw `CUresult` value (never `0`).
-    #[must_use]
-    pub const fn code(self) -> u32 {
-        self.0.get()
-    }
-
-    /// The code's name in `cuda.h`, such as `"CUDA_ERROR_INVALID_VALUE"`; `None` for a code the
-    /// table does not know.
-    #[must_use]
-    pub fn name(self) -> Option<&'static str> {
-        self.entry().map(|&(_, name, _)| name)
-    }
-
-    /// The driver's one-line description, as `cuGetErrorString` gives it (such as
-    /// `"invalid argument"`); `None` for a code the table does not know.
-    #[must_use]
-    pub fn description(self) -> Option<&'static str> {
-        self.entry().map(|&(_, _, description)| description)
-    }
-
-    /// The table row of this code, if it has one.
-    fn entry(self) -> Option<&'static (u32, &'static str, &'static str)> {
-        TABLE
-            .binary_search_by_key(&self.code(), |&(code, _, _)| code)
-            .ok()
-            .and_then(|index| TABLE.get(index))
-    }
-
-    /// Builds the constant for a known, non-zero code; evaluated only in const context, where a
-    /// zero would fail the build.
-    #[allow(
-        clippy::panic,
-        reason = "evaluated at compile time only: a zero fails the build"
-    )]
-    const fn known(code: u32) -> DriverError {
-        match NonZeroU32::new(code) {
-            Some(code) => DriverError(code),
-            None => panic!("CUDA_SUCCESS (0) is not an error"),
-        }
-    }
-}
-
-/// Declares the known driver codes once: each entry becomes an associated constant of
-/// [`DriverError`] and a row of [`TABLE`].
-macro_rules! driver_errors {
-    ($($(#[$attr:meta])* $name:ident = $code:literal => $description:literal,)*) => {
-        /// The codes of the `CUresult` enum, named without the `CUDA_ERROR_` prefix.
-        impl DriverError {
-            $(
-                $(#[$attr])*
-                pub const $name: DriverError = DriverError::known($code);
-            )*
-        }
-
-        /// Every known code as `(code, name, description)`, sorted by code (checked at compile
-        /// time below), so lookups can binary-search it.
-        const TABLE: &[(u32, &str, &str)] = &[
-            $(($code, concat!("CUDA_ERROR_", stringify!($name)), $description),)*
-        ];
-    };
-}
-
-driver_errors! {
-    /// One or more arguments of the call are outside the accepted range.
-    INVALID_VALUE = 1 => "invalid argument",
-    /// The driver could not allocate enough memory or other resources for the call.
-    OUT_OF_MEMORY = 2 => "out of memory",
-    /// The driver has not been initialized with `cuInit`, or initialization failed.
-    NOT_INITIALIZED = 3 => "initialization error",
-    /// The driver is shutting down.
-    DEINITIALIZED = 4 => "driver shutting down",
-    /// Profiling is disabled because the process runs under an external profiling tool.
-    PROFILER_DISABLED = 5 => "profiler disabled while using external profiling tool",
-    /// Deprecated since CUDA 5.0: profiling without initialization is no longer an error.
-    PROFILER_NOT_INITIALIZED = 6 => "profiler not initialized: call cudaProfilerInitialize()",
-    /// Deprecated since CUDA 5.0: starting the profiler twice is no longer an error.
-    PROFILER_ALREADY_STARTED = 7 => "profiler already started",
-    /// Deprecated since CUDA 5.0: stopping the profiler twice is no longer an error.
-    PROFILER_ALREADY_STOPPED = 8 => "profiler already stopped",
-    /// The loaded driver library is a stub (such as the toolkit's link-time stub), not a driver.
-    STUB_LIBRARY = 34 => "CUDA driver is a stub library",
-    /// The call needs a newer driver than the one installed.
-    CALL_REQUIRES_NEWER_DRIVER = 36 => "API call is not supported in the installed CUDA driver",
-    /// The device is busy or unavailable right now (for example held in exclusive compute mode).
-    DEVICE_UNAVAILABLE = 46 => "CUDA-capable device(s) is/are busy or unavailable",
-    /// The driver detected no CUDA-capable device.
-    NO_DEVICE = 100 => "no CUDA-capable device is detected",
-    /// The device ordinal does not name a device, or the action is invalid for that device.
-    INVALID_DEVICE = 101 => "invalid device ordinal",
-    /// The device has no valid Grid license.
-    DEVICE_NOT_LICENSED = 102 => "device doesn't have valid Grid license",
-    /// The kernel image or module is invalid.
-    INVALID_IMAGE = 200 => "device kernel image is invalid",
-    /// No context is current on the calling thread, or the context handle is invalid.
-    INVALID_CONTEXT = 201 => "invalid device context",
-    /// Deprecated since CUDA 3.2: the context was already current.
-    CONTEXT_ALREADY_CURRENT = 202 => "context already current",
-    /// A map or register operation failed.
-    MAP_FAILED = 205 => "mapping of buffer object failed",
-    /// An unmap or unregister operation failed.
-    UNMAP_FAILED = 206 => "unmapping of buffer object failed",
-    /// The array is mapped and cannot be destroyed.
-    ARRAY_IS_MAPPED = 207 => "array is mapped",
-    /// The resource is already mapped.
-    ALREADY_MAPPED = 208 => "resource already mapped",
-    /// No kernel image in the module suits the device.
-    NO_BINARY_FOR_GPU = 209 => "no kernel image is available for execution on the device",
-    /// The resource has already been acquired.
-    ALREADY_ACQUIRED = 210 => "resource already acquired",
-    /// The resource is not mapped.
-    NOT_MAPPED = 211 => "resource not mapped",
-    /// The mapped resource cannot be accessed as an array.
-    NOT_MAPPED_AS_ARRAY = 212 => "resource not mapped as array",
-    /// The mapped resource cannot be accessed as a pointer.
-    NOT_MAPPED_AS_POINTER = 213 => "resource not mapped as pointer",
-    /// An uncorrectable ECC error was detected during execution.
-    ECC_UNCORRECTABLE = 214 => "uncorrectable ECC error encountered",
-    /// The `CUlimit` is not supported by the active device.
-    UNSUPPORTED_LIMIT = 215 => "limit is not supported on this architecture",
-    /// The context is bound to another CPU thread already.
-    CONTEXT_ALREADY_IN_USE = 216 => "exclusive-thread device already in use by a different thread",
-    /// Peer access is not supported between the two devices.
-    PEER_ACCESS_UNSUPPORTED = 217 => "peer access is not supported between these two devices",
-    /// PTX JIT compilation failed.
-    INVALID_PTX = 218 => "a PTX JIT compilation failed",
-    /// The OpenGL or DirectX context is invalid.
-    INVALID_GRAPHICS_CONTEXT = 219 => "invalid OpenGL or DirectX context",
-    /// An uncorrectable `NVLink` error was detected during execution.
-    NVLINK_UNCORRECTABLE = 220 => "uncorrectable NVLink error detected during the execution",
-    /// The PTX JIT compiler library was not found.
-    JIT_COMPILER_NOT_FOUND = 221 => "PTX JIT compiler library not found",
-    /// The PTX was compiled with a toolchain the driver does not support.
-    UNSUPPORTED_PTX_VERSION = 222 => "the provided PTX was compiled with an unsupported toolchain.",
-    /// PTX JIT compilation is disabled.
-    JIT_COMPILATION_DISABLED = 223 => "PTX JIT compilation was disabled",
-    /// The execution affinity type is not supported by the device.
-    UNSUPPORTED_EXEC_AFFINITY = 224 => "the provided execution affinity is not supported",
-    /// The JIT-compiled code calls `cudaDeviceSynchronize`, which is unsupported there.
-    UNSUPPORTED_DEVSIDE_SYNC = 225 =>
-        "the provided PTX contains unsupported call to cudaDeviceSynchronize",
-    /// An exception occurred on the device and is contained by the GPU's error containment.
-    CONTAINED = 226 => "Invalid access of peer GPU memory over nvlink or a hardware error",
-    /// The kernel source is invalid (including device-code compile or link errors).
-    INVALID_SOURCE = 300 => "device kernel image is invalid",
-    /// A file was not found.
-    FILE_NOT_FOUND = 301 => "file not found",
-    /// A link to a shared object failed to resolve.
-    SHARED_OBJECT_SYMBOL_NOT_FOUND = 302 => "shared object symbol not found",
-    /// Initialization of a shared object failed.
-    SHARED_OBJECT_INIT_FAILED = 303 => "shared object initialization failed",
-    /// An operating-system call failed.
-    OPERATING_SYSTEM = 304 => "OS call failed or operation not supported on this OS",
-    /// A resource handle passed to the call is invalid.
-    INVALID_HANDLE = 400 => "invalid resource handle",
-    /// A resource is not in a state that allows the operation.
-    ILLEGAL_STATE = 401 => "the operation cannot be performed in the present state",
-    /// The introspection asked for would lose semantically important information.
-    LOSSY_QUERY = 402 => "attempted introspection would be semantically lossy",
-    /// A named symbol was not found.
-    NOT_FOUND = 500 => "named symbol not found",
-    /// Asynchronous work issued earlier has not completed yet (not a failure).
-    NOT_READY = 600 => "device not ready",
-    /// A kernel accessed an invalid memory address; the context is unusable afterwards.
-    ILLEGAL_ADDRESS = 700 => "an illegal memory access was encountered",
-    /// The launch needs more resources than are available.
-    LAUNCH_OUT_OF_RESOURCES = 701 => "too many resources requested for launch",
-    /// The kernel ran past the watchdog time limit and was terminated.
-    LAUNCH_TIMEOUT = 702 => "the launch timed out and was terminated",
-    /// The launch uses an incompatible texturing mode.
-    LAUNCH_INCOMPATIBLE_TEXTURING = 703 => "launch uses incompatible texturing mode",
-    /// Peer access from the current context to the peer is already enabled.
-    PEER_ACCESS_ALREADY_ENABLED = 704 => "peer access is already enabled",
-    /// Peer access to the peer was never enabled, so it cannot be disabled.
-    PEER_ACCESS_NOT_ENABLED = 705 => "peer access has not been enabled",
-    /// The primary context of the device is active already.
-    PRIMARY_CONTEXT_ACTIVE = 708 => "cannot set while device is active in this process",
-    /// The current context has been destroyed or is an uninitialized primary context.
-    CONTEXT_IS_DESTROYED = 709 => "context is destroyed",
-    /// A device-side assertion failed during kernel execution.
-    ASSERT = 710 => "device-side assert triggered",
-    /// The hardware resources needed to enable peer access are exhausted.
-    TOO_MANY_PEERS = 711 => "peer mapping resources exhausted",
-    /// The host memory range is already registered.
-    HOST_MEMORY_ALREADY_REGISTERED = 712 =>
-        "part or all of the requested memory range is already mapped",
-    /// The pointer does not belong to a registered host memory range.
-    HOST_MEMORY_NOT_REGISTERED = 713 => "pointer does not correspond to a registered memory region",
-    /// A kernel hit a hardware stack error; the context is unusable afterwards.
-    HARDWARE_STACK_ERROR = 714 => "hardware stack error",
-    /// A kernel executed an illegal instruction; the context is unusable afterwards.
-    ILLEGAL_INSTRUCTION = 715 => "an illegal instruction was encountered",
-    /// A kernel accessed a misaligned address; the context is unusable afterwards.
-    MISALIGNED_ADDRESS = 716 => "misaligned address",
-    /// A kernel used an instruction on the wrong address space; the context is unusable afterwards.
-    INVALID_ADDRESS_SPACE = 717 => "operation not supported on global/shared address space",
-    /// A kernel's program counter wrapped its address space; the context is unusable afterwards.
-    INVALID_PC = 718 => "invalid program counter",
-    /// A kernel raised an exception; the context is unusable afterwards.
-    LAUNCH_FAILED = 719 => "unspecified launch failure",
-    /// A cooperative launch asked for more blocks than can be resident at once.
-    COOPERATIVE_LAUNCH_TOO_LARGE = 720 => "too many blocks in cooperative launch",
-    /// A kernel exited without freeing all of its tensor memory.
-    TENSOR_MEMORY_LEAK = 721 => "tensor memory not completely freed",
-    /// The operation is not permitted.
-    NOT_PERMITTED = 800 => "operation not permitted",
-    /// The operation is not supported on this system or device.
-    NOT_SUPPORTED = 801 => "operation not supported",
-    /// The system is not ready to start CUDA work yet.
-    SYSTEM_NOT_READY = 802 => "system not yet initialized",
-    /// The display driver and the CUDA driver versions do not match.
-    SYSTEM_DRIVER_MISMATCH = 803 =>
-        "system has unsupported display driver / cuda driver combination",
-    /// Forward-compatibility mode is not supported on this hardware.
-    COMPAT_NOT_SUPPORTED_ON_DEVICE = 804 =>
-        "forward compatibility was attempted on non supported HW",
-    /// The MPS client could not connect to the MPS control daemon or server.
-    MPS_CONNECTION_FAILED = 805 =>
-        "MPS client failed to connect to the MPS control daemon or the MPS server",
-    /// A remote procedure call between MPS server and client failed.
-    MPS_RPC_FAILURE = 806 =>
-        "the remote procedural call between the MPS server and the MPS client failed",
-    /// The MPS server is not ready to accept new clients.
-    MPS_SERVER_NOT_READY = 807 => "MPS server is not ready to accept new MPS client requests",
-    /// The hardware resources for a new MPS client are exhausted.
-    MPS_MAX_CLIENTS_REACHED = 808 =>
-        "the hardware resources required to create MPS client have been exhausted",
-    /// The hardware resources for device connections are exhausted.
-    MPS_MAX_CONNECTIONS_REACHED = 809 =>
-        "the hardware resources required to support device connections have been exhausted",
-    /// The MPS server terminated the client.
-    MPS_CLIENT_TERMINATED = 810 => "the MPS client has been terminated by the server",
-    /// The module uses CUDA Dynamic Parallelism, which the current configuration does not support.
-    CDP_NOT_SUPPORTED = 811 =>
-        "is using CUDA Dynamic Parallelism, but the current configuration, like MPS, does not \
-         support it",
-    /// The module mixes different versions of CUDA Dynamic Parallelism.
-    CDP_VERSION_MISMATCH = 812 =>
-        "unsupported interaction between different versions of CUDA Dynamic Parallelism",
-    /// The operation is not permitted while the stream is capturing.
-    STREAM_CAPTURE_UNSUPPORTED = 900 => "operation not permitted when stream is capturing",
-    /// The stream's capture sequence was invalidated by an earlier error.
-    STREAM_CAPTURE_INVALIDATED = 901 => "operation failed due to a previous error during capture",
-    /// The operation would merge two independent capture sequences.
-    STREAM_CAPTURE_MERGE = 902 => "operation would result in a merge of separate capture sequences",
-    /// The capture was not begun in this stream.
-    STREAM_CAPTURE_UNMATCHED = 903 => "capture was not ended in the same stream as it began",
-    /// The capture sequence has a fork that was never joined to the origin stream.
-    STREAM_CAPTURE_UNJOINED = 904 => "capturing stream has unjoined work",
-    /// A dependency would cross the capture sequence boundary.
-    STREAM_CAPTURE_ISOLATION = 905 => "dependency created on uncaptured work in another stream",
-    /// The operation would create a disallowed implicit dependency from the legacy stream.
-    STREAM_CAPTURE_IMPLICIT = 906 =>
-        "operation would make the legacy stream depend on a capturing blocking stream",
-    /// The operation is not permitted on an event last recorded in a capturing stream.
-    CAPTURED_EVENT = 907 =>
-        "operation not permitted on an event last recorded in a capturing stream",
-    /// A non-relaxed capture sequence was ended from a thread other than the one that began it.
-    STREAM_CAPTURE_WRONG_THREAD = 908 =>
-        "attempt to terminate a thread-local capture sequence from another thread",
-    /// The wait operation timed out.
-    TIMEOUT = 909 => "wait operation timed out",
-    /// The graph update breaks a constraint of instantiated-graph update and was not applied.
-    GRAPH_EXEC_UPDATE_FAILURE = 910 =>
-        "the graph update was not performed because it included changes which violated \
-         constraints specific to instantiated graph update",
-    /// An asynchronous error occurred in a device outside the GPU.
-    EXTERNAL_DEVICE = 911 => "an async error has occured in external entity outside of CUDA",
-    /// A kernel launch failed because of a cluster misconfiguration.
-    INVALID_CLUSTER_SIZE = 912 =>
-        "a kernel launch error has occurred due to cluster misconfiguration",
-    /// The function handle is not loaded, but the call needs a loaded function.
-    FUNCTION_NOT_LOADED = 913 =>
-        "the function handle is not loaded when calling an API that requires a loaded function",
-    /// A resource passed to the operation is not of a valid resource type.
-    INVALID_RESOURCE_TYPE = 914 =>
-        "one or more resources passed in are not valid resource types for the operation",
-    /// The resources passed are insufficient or do not apply to the operation.
-    INVALID_RESOURCE_CONFIGURATION = 915 =>
-        "one or more resources are insufficient or non-applicable for the operation",
-    /// The key rotation sequence failed.
-    KEY_ROTATION = 916 => "an error happened during the key rotation sequence",
-    // Newer than the driver the descriptions were read from: this one paraphrases cuda.h.
-    /// The stream is detached (for example its green context was destroyed).
-    STREAM_DETACHED = 917 =>
-        "the requested operation is not permitted because the stream is in a detached state",
-    // Newer than the driver the descriptions were read from: this one paraphrases cuda.h.
-    /// Graph recapture failed and was terminated.
-    GRAPH_RECAPTURE_FAILURE = 918 => "graph recapture failed and had to be terminated",
-    /// An unknown internal error occurred.
-    UNKNOWN = 999 => "unknown error",
-}
-
-// The table must be strictly increasing by code for the binary search in `DriverError::entry`.
-#[allow(
-    clippy::indexing_slicing,
-    reason = "evaluated at compile time: an index out of bounds fails the build"
-)]
-const _: () = {
-    let mut index = 1;
-    while index < TABLE.len() {
-        assert!(
-            TABLE[index - 1].0 < TABLE[index].0,
-            "TABLE is not sorted by code"
-        );
-        index += 1;
-    }
-};
-
-impl fmt::Display for DriverError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.entry() {
-            Some(&(code, name, description)) => write!(f, "{name} ({code}): {description}"),
-            None => write!(f, "unknown CUDA error ({})", self.code()),
-        }
-    }
-}
-
-impl fmt::Debug for DriverError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(name) => write!(f, "DriverError({name} = {})", self.code()),
-            None => write!(f, "DriverError(unknown = {})", self.code()),
-        }
-    }
-}
-
-impl std::error::Error for DriverError {}
-
-/// Turns a raw `CUresult` into a [`Result`].
+/// Turns a raw `CUresult` into a [`DriverResult`].
 ///
 /// # Errors
 ///
 /// Returns the [`DriverError`] for every code other than `0` (`CUDA_SUCCESS`).
-pub(crate) fn check(code: u32) -> Result<()> {
+pub(crate) fn check(code: u32) -> DriverResult<()> {
     match DriverError::from_raw(code) {
         None => Ok(()),
         Some(error) => Err(error),
@@ -414,7 +60,8 @@ pub(crate) fn first_error<E>(results: impl IntoIterator<Item = Result<(), E>>) -
     first
 }
 
-/// The error of operations that check their arguments before calling the driver.
+/// The error of every fallible function of this crate: an argument refused before any driver call,
+/// or the driver's refusal ([`Error::Driver`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
@@ -470,6 +117,16 @@ pub enum Error {
         expected: i32,
         /// The ordinal of the device whose memory was given.
         found: i32,
+    },
+    /// A device ordinal at or above the number of devices the driver reports
+    /// ([`Device::count`](crate::Device::count)): [`Device::get`](crate::Device::get) checks it
+    /// before asking the driver, and so does an import of an allocation described for a device
+    /// this process does not have.
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// The number of devices the driver reports: the ordinals are `0..count`.
+        count: usize,
     },
     /// A device cannot reach another device's memory directly, so a direct copy between them would be
     /// staged by the driver at a fraction of the link's speed (or refused). Checked before any driver
@@ -599,6 +256,15 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Whether this error means that the machine has no usable GPU: an [`Error::Driver`] whose code
+    /// [is a no-GPU code](DriverError::is_no_gpu) (no GPU or no kernel driver, or a toolkit's stub
+    /// loaded instead of the driver). Programs and tests that should say so and stop, rather than
+    /// fail, ask this of [`init`](crate::init)'s error.
+    #[must_use]
+    pub fn is_no_gpu(&self) -> bool {
+        matches!(*self, Error::Driver(error) if error.is_no_gpu())
+    }
 }
 
 impl From<DriverError> for Error {
@@ -646,6 +312,10 @@ impl fmt::Display for Error {
             Error::DeviceMismatch { expected, found } => write!(
                 f,
                 "memory of device {found} was given where memory of device {expected} is needed"
+            ),
+            Error::NoSuchDevice { ordinal, count } => write!(
+                f,
+                "device ordinal {ordinal} is not below the device count {count}"
             ),
             Error::NoPeerAccess { device, owner } => write!(
                 f,
@@ -732,88 +402,11 @@ mod tests {
     }
 
     #[test]
-    fn every_code_formats_without_panicking() {
-        for code in (0..=1000).chain([u32::MAX]) {
-            let Some(error) = DriverError::from_raw(code) else {
-                assert_eq!(code, 0, "only CUDA_SUCCESS maps to None");
-                continue;
-            };
-            assert_eq!(error.code(), code);
-            let display = error.to_string();
-            let debug = format!("{error:?}");
-            if let Some(name) = error.name() {
-                assert!(name.starts_with("CUDA_ERROR_"), "{name}");
-                let description = error.description().expect("known code without description");
-                assert!(!description.is_empty());
-                assert_eq!(display, format!("{name} ({code}): {description}"));
-                assert_eq!(debug, format!("DriverError({name} = {code})"));
-            } else {
-                assert_eq!(error.description(), None);
-                assert_eq!(display, format!("unknown CUDA error ({code})"));
-                assert_eq!(debug, format!("DriverError(unknown = {code})"));
-            }
-        }
-    }
-
-    #[test]
-    fn table_is_sorted_unique_and_prefixed() {
-        assert_eq!(TABLE.len(), 102);
-        for pair in TABLE.windows(2) {
-            assert!(pair[0].0 < pair[1].0, "{} before {}", pair[0].0, pair[1].0);
-        }
-        let mut names: Vec<&str> = TABLE.iter().map(|&(_, name, _)| name).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), TABLE.len(), "duplicate names");
-        for &(code, name, description) in TABLE {
-            assert_ne!(code, 0);
-            assert!(name.starts_with("CUDA_ERROR_"), "{name}");
-            assert!(!description.is_empty(), "{name}");
-            assert_eq!(
-                DriverError::from_raw(code).and_then(DriverError::name),
-                Some(name)
-            );
-        }
-    }
-
-    #[test]
-    fn spot_checks() {
-        let name = |code| DriverError::from_raw(code).and_then(DriverError::name);
-        assert_eq!(name(1), Some("CUDA_ERROR_INVALID_VALUE"));
-        assert_eq!(name(34), Some("CUDA_ERROR_STUB_LIBRARY"));
-        assert_eq!(name(704), Some("CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"));
-        assert_eq!(name(999), Some("CUDA_ERROR_UNKNOWN"));
-        assert_eq!(name(12345), None);
-
-        assert_eq!(DriverError::INVALID_VALUE.code(), 1);
-        assert_eq!(
-            DriverError::OUT_OF_MEMORY.description(),
-            Some("out of memory")
-        );
-        assert_eq!(DriverError::STUB_LIBRARY.code(), 34);
-        assert_eq!(DriverError::PEER_ACCESS_UNSUPPORTED.code(), 217);
-        assert_eq!(DriverError::TOO_MANY_PEERS.code(), 711);
-        assert_eq!(DriverError::GRAPH_RECAPTURE_FAILURE.code(), 918);
-        assert_eq!(DriverError::UNKNOWN.code(), 999);
-        assert_eq!(
-            DriverError::INVALID_VALUE.to_string(),
-            "CUDA_ERROR_INVALID_VALUE (1): invalid argument"
-        );
-        assert_eq!(
-            format!("{:?}", DriverError::INVALID_VALUE),
-            "DriverError(CUDA_ERROR_INVALID_VALUE = 1)"
-        );
-        let unknown = DriverError::from_raw(12345).unwrap();
-        assert_eq!(unknown.to_string(), "unknown CUDA error (12345)");
-        assert_eq!(format!("{unknown:?}"), "DriverError(unknown = 12345)");
-    }
-
-    #[test]
     fn check_and_layout() {
         assert_eq!(check(0), Ok(()));
         assert_eq!(check(1), Err(DriverError::INVALID_VALUE));
         assert_eq!(check(u32::MAX).unwrap_err().code(), u32::MAX);
-        assert_eq!(size_of::<Result<()>>(), size_of::<u32>());
+        assert_eq!(size_of::<DriverResult<()>>(), size_of::<u32>());
     }
 
     #[test]
@@ -855,6 +448,23 @@ mod tests {
             assert_eq!(error.driver(), None);
             assert!(error.source().is_none());
         }
+    }
+
+    #[test]
+    fn is_no_gpu_is_asked_of_the_drivers_refusal() {
+        assert!(Error::Driver(DriverError::NO_DEVICE).is_no_gpu());
+        assert!(Error::from(DriverError::STUB_LIBRARY).is_no_gpu());
+        assert!(!Error::Driver(DriverError::INVALID_VALUE).is_no_gpu());
+        assert!(!Error::NotTimed.is_no_gpu());
+        assert!(
+            !Error::Refused {
+                what: "fabric-shareable memory",
+                why: "no IMEX channel is accessible to this process",
+                error: DriverError::NO_DEVICE,
+            }
+            .is_no_gpu(),
+            "only a plain driver refusal says that there is no GPU"
+        );
     }
 
     #[test]
@@ -972,6 +582,21 @@ mod tests {
         for (error, _) in cases.iter().skip(1).filter(|(e, _)| *e != cleanup) {
             assert_eq!(error.driver(), None, "{error:?}");
         }
+    }
+
+    #[test]
+    fn no_such_device_is_no_driver_error() {
+        let error = Error::NoSuchDevice {
+            ordinal: 2,
+            count: 2,
+        };
+        assert_eq!(
+            error.to_string(),
+            "device ordinal 2 is not below the device count 2"
+        );
+        assert_eq!(error.driver(), None);
+        assert!(!error.is_no_gpu());
+        assert!(error.source().is_none());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use core::ops::Deref;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::device::Device;
-use crate::error::{DriverError, Error, Result, check};
+use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::sys;
 
@@ -373,7 +373,7 @@ impl ExportedAllocation {
     /// does not depend on it.
     ///
     /// # Errors
-    /// [`DriverError::INVALID_DEVICE`] where the ordinal names no device here;
+    /// [`Error::NoSuchDevice`] where the ordinal names no device here;
     /// [`Error::InvalidMessage`] where the granularity differs or the memory is not device memory;
     /// [`Error::DeviceMismatch`] where the driver places the memory on another device than the
     /// description (devices numbered differently in the two processes); the driver's error otherwise,
@@ -425,7 +425,7 @@ impl ExportedAllocation {
 }
 
 /// `cuMemGetAllocationPropertiesFromHandle` — the driver's description of `memory`.
-fn properties(memory: &PhysicalAllocation) -> Result<sys::CUmemAllocationProp> {
+fn properties(memory: &PhysicalAllocation) -> DriverResult<sys::CUmemAllocationProp> {
     let mut prop = sys::CUmemAllocationProp {
         type_: 0,
         requestedHandleTypes: 0,

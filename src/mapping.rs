@@ -4,7 +4,7 @@ use core::fmt;
 
 use crate::access::{Access, AccessMode, ScopedAccess};
 use crate::device::Context;
-use crate::error::{DriverError, Error, Result, check};
+use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::mapped::{Borrowed, MappedRange};
 use crate::physical::{PhysicalAllocation, check_multiple};
 use crate::reservation::{Region, VirtualReservation};
@@ -243,7 +243,7 @@ impl<'va> Region<'va> {
     /// `mapped` bytes at the front of the region had been mapped, given `undo`, the answer of unmapping
     /// them again. Where the undo was refused, the front may still be mapped: it is taken out of the
     /// region, so that it is never mapped again (a leak).
-    fn map_refused(&mut self, error: DriverError, mapped: usize, undo: Result<()>) -> Error {
+    fn map_refused(&mut self, error: DriverError, mapped: usize, undo: DriverResult<()>) -> Error {
         match undo {
             Ok(()) => Error::Driver(error),
             Err(cleanup) => {

@@ -14,7 +14,7 @@ use core::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{Context, Device};
-use crate::error::{DriverError, Error, Result, check};
+use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::sys;
 
 mod guards;
@@ -80,7 +80,7 @@ pub struct P2PAttributes {
 /// The driver's error, e.g. [`DriverError::INVALID_DEVICE`] for `from == to`.
 #[doc(alias = "cuDeviceGetP2PAttribute")]
 pub fn p2p_attributes(from: Device, to: Device) -> Result<P2PAttributes> {
-    let get = |attribute: c_int| -> Result<i32> {
+    let get = |attribute: c_int| -> DriverResult<i32> {
         let mut value: c_int = 0;
         // SAFETY: `value` is writable for the call; both devices are ordinals the driver accepted.
         check(unsafe {
@@ -336,7 +336,7 @@ impl<'ctx> PeerAccess<'ctx> {
         // direction then stays enabled: a leak, not a use after disable). Bound again here rather than
         // relying on the wait to leave it current.
         if let Err(e) = self.from.bind_to_thread() {
-            return synced.and(Err(e.into()));
+            return synced.and(Err(e));
         }
         // SAFETY: `from` is current (bound just above); `to.as_raw()` is a retained context (the guard
         // borrows it, and `held` retains it too).

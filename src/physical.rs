@@ -6,7 +6,7 @@ use core::ptr;
 use std::sync::{Mutex, PoisonError};
 
 use crate::device::Device;
-use crate::error::{Error, Result, check};
+use crate::error::{DriverResult, Error, Result, check};
 use crate::sys;
 
 /// Which allocation granularity to ask for (`CUmemAllocationGranularity_flags`).
@@ -323,6 +323,12 @@ impl PhysicalAllocation {
     /// The driver's error, if any.
     #[doc(alias = "cuMemRelease")]
     pub fn release(self) -> Result<()> {
+        Ok(self.release_code()?)
+    }
+
+    /// [`release`](PhysicalAllocation::release) with the driver's own code, for the clean-up paths
+    /// that report it in an [`Error::CleanupFailed`].
+    pub(crate) fn release_code(self) -> DriverResult<()> {
         let this = ManuallyDrop::new(self);
         // SAFETY: the handle came from `cuMemCreate` (or `cuMemImportFromShareableHandle`) and is
         // released once: `drop` will not run.

@@ -4,7 +4,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
-use crate::error::{Error, Result, check};
+use crate::error::{DriverResult, Error, Result, check};
 use crate::sys;
 
 /// A reserved range of the process's unified virtual address space, freed on drop.
@@ -101,6 +101,12 @@ impl VirtualReservation {
     /// The driver's error, if any.
     #[doc(alias = "cuMemAddressFree")]
     pub fn free(self) -> Result<()> {
+        Ok(self.free_code()?)
+    }
+
+    /// [`free`](VirtualReservation::free) with the driver's own code, for the owned layer's
+    /// teardown, which keeps the first driver error of several steps.
+    pub(crate) fn free_code(self) -> DriverResult<()> {
         let this = ManuallyDrop::new(self);
         // SAFETY: the range came from `cuMemAddressReserve` and is freed once: `drop` will not run. No
         // live mapping covers it (every mapping borrows the reservation); a forgotten one may, and then

@@ -170,7 +170,8 @@ impl Stream {
         self.context.bind_to_thread()?;
         // SAFETY: a live stream of the current context (bound just above) and a live event, which
         // the driver allows to belong to another context or device. Flags 0.
-        check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) })
+        check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) })?;
+        Ok(())
     }
 
     /// `cuMemcpyHtoDAsync` of `bytes` from `src` to `dst`, queued on this stream.
@@ -187,7 +188,8 @@ impl Stream {
     ) -> Result<()> {
         self.context.bind_to_thread()?;
         // SAFETY: the caller's guarantee for both ranges; the stream belongs to the current context.
-        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, self.raw) })
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, self.raw) })?;
+        Ok(())
     }
 
     /// `cuMemcpyDtoHAsync` of `bytes` from `src` to `dst`, queued on this stream.
@@ -204,7 +206,8 @@ impl Stream {
     ) -> Result<()> {
         self.context.bind_to_thread()?;
         // SAFETY: the caller's guarantee for both ranges; the stream belongs to the current context.
-        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, self.raw) })
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, self.raw) })?;
+        Ok(())
     }
 }
 

@@ -46,7 +46,7 @@ use core::ptr;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use crate::error::{DriverError, Error, check};
+use crate::error::{DriverError, DriverResult, Error, check};
 use crate::sys;
 
 /// How long a wait polls for a capture it cannot end itself before it aborts the process. A
@@ -176,7 +176,7 @@ pub(crate) fn after<T>(
 /// # Errors
 /// The driver's error, such as `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for the legacy default stream
 /// while a blocking stream of its context captures.
-pub(crate) fn is_capturing(stream: sys::CUstream) -> Result<bool, DriverError> {
+pub(crate) fn is_capturing(stream: sys::CUstream) -> DriverResult<bool> {
     let mut status: u32 = sys::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: `status` is writable for the call; the caller passes a live stream of the current
     // context. The status is read as an integer, never as an enum.

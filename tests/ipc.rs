@@ -553,7 +553,10 @@ fn import_checks_device_and_granularity_first() {
         ExportedAllocation::from_parts(fd, ExportInfo::new(2 * g, count, g).unwrap());
     assert_eq!(
         wrong_device.import().unwrap_err(),
-        Error::Driver(DriverError::INVALID_DEVICE)
+        Error::NoSuchDevice {
+            ordinal: count,
+            count
+        }
     );
     let (fd, _) = wrong_device.into_parts();
     let wrong_granularity = ExportedAllocation::from_parts(

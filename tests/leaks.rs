@@ -54,9 +54,13 @@ fn failures(ctx: &Context, g: usize) {
         PhysicalAllocation::new(device, g + 1),
         Err(Error::NotAligned { .. })
     ));
+    let count = Device::count().unwrap();
     assert_eq!(
-        Device::get(Device::count().unwrap()).unwrap_err(),
-        DriverError::INVALID_DEVICE
+        Device::get(count).unwrap_err(),
+        Error::NoSuchDevice {
+            ordinal: count,
+            count
+        }
     );
     let memory = PhysicalAllocation::new(device, g).unwrap();
     let mut small = VirtualReservation::new(2 * g, 0).unwrap();

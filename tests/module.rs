@@ -56,7 +56,7 @@ fn function_binds_the_module_context() {
     unbind();
     assert_eq!(
         module.function(c"no_such_kernel").unwrap_err(),
-        DriverError::NOT_FOUND
+        Error::Driver(DriverError::NOT_FOUND)
     );
     assert_eq!(current(), ctx.as_raw().cast::<c_void>());
 }

@@ -69,7 +69,7 @@ assert_eq_size!(VirtualReservation, RawRange);
 assert_eq_size!(Device, i32);
 assert_eq_size!(DriverError, u32);
 assert_eq_size!(Option<DriverError>, u32);
-assert_eq_size!(cuda_vmm::Result<()>, u32);
+assert_eq_size!(cuda_vmm::Result<(), DriverError>, u32);
 // A context is its handle plus its device. A view is the address, length and the context copies use,
 // plus the other contexts whose devices reach its memory, which copies between devices read to choose
 // their path: a slice reference (the grant's list, the owner of a peer view's memory, none, or an owned

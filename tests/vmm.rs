@@ -362,26 +362,35 @@ fn driver_errors_have_names() {
     let e = DeviceBuffer::<u8>::zeroed(&ctx, 1 << 50).unwrap_err();
     assert_eq!(e.driver(), Some(DriverError::OUT_OF_MEMORY));
 
-    // An ordinal the driver does not have.
+    // An ordinal the driver does not have: refused before the driver is asked.
     let count = cuda_vmm::Device::count().unwrap();
     let e = cuda_vmm::Device::get(count).unwrap_err();
     println!("device {count}: {e}");
-    assert_eq!(e, DriverError::INVALID_DEVICE);
     assert_eq!(
-        (e.name(), e.description()),
-        (
-            Some("CUDA_ERROR_INVALID_DEVICE"),
-            Some("invalid device ordinal")
-        )
+        e,
+        Error::NoSuchDevice {
+            ordinal: count,
+            count
+        }
     );
+    assert_eq!(e.driver(), None);
     assert_eq!(
         cuda_vmm::Device::get(usize::MAX).unwrap_err(),
-        DriverError::INVALID_DEVICE
+        Error::NoSuchDevice {
+            ordinal: usize::MAX,
+            count
+        }
     );
 
-    // An unknown attribute number.
+    // An unknown attribute number: the driver's refusal, which names itself.
     let e = device.attribute(1_000_000).unwrap_err();
-    assert_eq!(e, DriverError::INVALID_VALUE);
+    println!("attribute 1000000: {e}");
+    assert_eq!(e, Error::Driver(DriverError::INVALID_VALUE));
+    let e = e.driver().unwrap();
+    assert_eq!(
+        (e.name(), e.description()),
+        (Some("CUDA_ERROR_INVALID_VALUE"), Some("invalid argument"))
+    );
 
     // The process keeps working afterwards.
     let memory = PhysicalAllocation::new(device, g).unwrap();

@@ -120,7 +120,7 @@ use ::cudarc::driver::{
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{DriverError, Error, check};
+use crate::error::{DriverResult, Error, check};
 use crate::physical::{Granularity, align_size, allocation_granularity};
 use crate::reservation::VirtualReservation;
 use crate::stream::{ScopedRead, ScopedWrite};
@@ -341,7 +341,7 @@ impl<'scope> Scope<'scope, '_> {
 impl State<'_> {
     /// `cuCtxSetCurrent` of the scope's context: the primary context cudarc retained for the stream,
     /// alive while the stream is.
-    fn bind(&self) -> Result<(), DriverError> {
+    fn bind(&self) -> DriverResult<()> {
         let context: sys::CUcontext = self.stream.context().cu_ctx().cast();
         // SAFETY: a context that the stream's `CudaContext` keeps retained, and the stream is
         // borrowed for the whole scope.

@@ -10,7 +10,7 @@ use bytemuck::Pod;
 use crate::access::set_access;
 use crate::access::{AccessMode, Contexts, ReadWrite, elements};
 use crate::device::{Context, Device};
-use crate::error::{DriverError, Error, check, first_error};
+use crate::error::{DriverError, DriverResult, Error, check, first_error};
 use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::reservation::VirtualReservation;
 use crate::sys;
@@ -435,7 +435,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         // both ends are multiples of the memory's granularity (checked). `memory` is a live allocation
         // handle of `size` bytes, owned here; offset 0 and flags 0 as the driver requires.
         if let Err(error) = check(unsafe { sys::cuMemMap(address, size, 0, memory.as_raw(), 0) }) {
-            return Err(with_cleanup(error, memory.release(), "page mapping"));
+            return Err(with_cleanup(error, memory.release_code(), "page mapping"));
         }
         bump(&mut self.stats.set_access_calls);
         if let Err(error) = with_contexts(&self.access, |c| set_access(address, size, c, M::FLAGS))
@@ -461,7 +461,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                     what: "page mapping",
                 });
             }
-            return Err(with_cleanup(error, memory.release(), "page mapping"));
+            return Err(with_cleanup(error, memory.release_code(), "page mapping"));
         }
         self.pages.insert(
             index,
@@ -482,7 +482,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             return Ok(0);
         }
         let mut kept = Vec::new();
-        let mut first: Result<(), DriverError> = Ok(());
+        let mut first: DriverResult<()> = Ok(());
         let mut unmapped = 0usize;
         for page in self.pages.drain(span.clone()) {
             bump(&mut self.stats.unmap_calls);
@@ -495,7 +495,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 Ok(()) => {
                     unmapped = unmapped.saturating_add(1);
                     bump(&mut self.stats.pages_released);
-                    page.memory.release()
+                    page.memory.release_code()
                 }
                 Err(error) => {
                     kept.push(page);
@@ -513,7 +513,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     }
 
     /// Unmaps every page, then releases every page's memory: every page is tried. The first error.
-    fn teardown(&mut self) -> Result<(), DriverError> {
+    fn teardown(&mut self) -> DriverResult<()> {
         let pages = core::mem::take(&mut self.pages);
         let base = self.base;
         let stats = &mut self.stats;
@@ -529,7 +529,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         // until that range is unmapped, which then never happens (a leak, not a dangling mapping).
         let released = first_error(pages.into_iter().map(|page| {
             bump(&mut stats.pages_released);
-            page.memory.release()
+            page.memory.release_code()
         }));
         unmapped.and(released)
     }
@@ -548,7 +548,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let freed = self
             .reservation
             .take()
-            .map_or(Ok(()), VirtualReservation::free);
+            .map_or(Ok(()), VirtualReservation::free_code);
         // `drop` finds no page and no reservation left, and releases the contexts.
         Ok(torn_down.and(freed)?)
     }
@@ -686,7 +686,7 @@ impl<M: AccessMode> Drop for VirtualBuffer<M> {
 }
 
 /// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device).
-fn granularity(device: Device) -> Result<usize, DriverError> {
+fn granularity(device: Device) -> Result<usize, Error> {
     AllocationOptions::device(device).minimum_granularity_cached()
 }
 
@@ -709,8 +709,8 @@ fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
 /// refuse one).
 fn with_contexts(
     contexts: &[Context],
-    f: impl FnOnce(Contexts<'_>) -> Result<(), DriverError>,
-) -> Result<(), DriverError> {
+    f: impl FnOnce(Contexts<'_>) -> DriverResult<()>,
+) -> DriverResult<()> {
     if let [one] = contexts {
         return f(Contexts::One(one));
     }
@@ -719,7 +719,7 @@ fn with_contexts(
 }
 
 /// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole of `page`.
-fn revoke(base: u64, page: &Page, contexts: &[&Context]) -> Result<(), DriverError> {
+fn revoke(base: u64, page: &Page, contexts: &[&Context]) -> DriverResult<()> {
     // An empty list revokes nothing (callers pass the non-empty joining or leaving devices).
     Contexts::many(contexts).map_or(Ok(()), |contexts| {
         set_access(
@@ -732,7 +732,7 @@ fn revoke(base: u64, page: &Page, contexts: &[&Context]) -> Result<(), DriverErr
 }
 
 /// `error`, or [`Error::CleanupFailed`] where undoing `what` failed too.
-fn with_cleanup(error: DriverError, cleanup: Result<(), DriverError>, what: &'static str) -> Error {
+fn with_cleanup(error: DriverError, cleanup: DriverResult<()>, what: &'static str) -> Error {
     match cleanup {
         Ok(()) => Error::Driver(error),
         Err(cleanup) => Error::CleanupFailed {

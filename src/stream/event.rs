@@ -117,8 +117,8 @@ impl Event {
         // SAFETY: a live event of the current context (bound just above).
         match check(unsafe { sys::cuEventQuery(self.raw) }) {
             Ok(()) => Ok(true),
-            Err(e) if e == DriverError::NOT_READY => Ok(false),
-            Err(e) => Err(e),
+            Err(DriverError::NOT_READY) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
