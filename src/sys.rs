@@ -164,7 +164,10 @@ mod layout {
     assert_eq_size!(super::CUgraph, s::CUgraph);
     assert_eq_size!(super::CUdevice, s::CUdevice);
     assert_eq_size!(super::CUdeviceptr, s::CUdeviceptr);
-    assert_eq_size!(super::CUmemGenericAllocationHandle, s::CUmemGenericAllocationHandle);
+    assert_eq_size!(
+        super::CUmemGenericAllocationHandle,
+        s::CUmemGenericAllocationHandle
+    );
 
     // The integer stand-ins for C enums are as wide as the C enums.
     assert_eq_size!(super::CUresult, s::CUresult);
