@@ -53,7 +53,9 @@ assert_not_impl_any!(Access<'static, ReadWrite>: Clone, Copy);
 assert_not_impl_any!(DeviceSliceMut<'static, u32>: Clone, Copy);
 assert_not_impl_any!(PhysicalAllocation: Clone, Copy);
 assert_not_impl_any!(VirtualReservation: Clone, Copy);
-assert_not_impl_any!(Context: Clone, Copy);
+// A context is cloned as a shared retain (one release, by the last clone), never copied.
+assert_impl_all!(Context: Clone);
+assert_not_impl_any!(Context: Copy);
 assert_not_impl_any!(DeviceBuffer<'static, u32>: Clone, Copy);
 // A copied guard or scoped grant would end twice: two disables, two revokes.
 assert_not_impl_any!(PeerAccess<'static>: Clone, Copy);
@@ -70,12 +72,13 @@ assert_eq_size!(Device, i32);
 assert_eq_size!(DriverError, u32);
 assert_eq_size!(Option<DriverError>, u32);
 assert_eq_size!(cuda_vmm::Result<()>, u32);
-// A context is its handle plus its device. A view is the address, length and the context copies use,
-// plus the other contexts whose devices reach its memory, which copies between devices read to choose
-// their path: a slice reference (the grant's list, the owner of a peer view's memory, none, or an owned
-// buffer's access set) and a word that says whether the slice holds `&Context`s or `Context`s. That
-// word is the one cost of sharing the view types between the borrowed and the owned layer.
-assert_eq_size!(Context, (usize, i32));
+// A context is one pointer, to the retain its clones share (the handle and the device). A view is the
+// address, length and the context copies use, plus the other contexts whose devices reach its memory,
+// which copies between devices read to choose their path: a slice reference (the grant's list, the
+// owner of a peer view's memory, none, or an owned buffer's access set) and a word that says whether
+// the slice holds `&Context`s or `Context`s. That word is the one cost of sharing the view types
+// between the borrowed and the owned layer.
+assert_eq_size!(Context, usize);
 assert_eq_size!(
     DeviceSlice<'static, u32>,
     (u64, usize, usize, usize, &[&Context])
