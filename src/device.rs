@@ -262,9 +262,11 @@ impl Device {
 /// A value from [`Context::new`] is one retain in the driver. Its clones share that retain rather
 /// than retaining again: the retained handle lives in an [`Arc`], a clone is a clone of the `Arc`, and
 /// the driver's release is made once, by the drop of the last clone. So cloning makes no driver call
-/// and cannot fail (a retain can). Calling [`Context::new`] again makes a second retain of its own
-/// in the driver. Either way, the primary context stays retained, and so is not reset, while any
-/// clone of any `Context` of its device lives.
+/// and cannot fail (a retain can), and a value that must keep the context alive (a
+/// [`DeviceBuffer`](crate::DeviceBuffer), a [`Module`](crate::Module)) keeps a clone of the context it
+/// was given. Calling [`Context::new`] again makes a second retain of its own in the driver. Either
+/// way, the primary context stays retained, and so is not reset, while any clone of any `Context` of
+/// its device lives.
 ///
 /// Driver calls that need a current context (copies, synchronisation, memory queries) are made by this
 /// crate after `cuCtxSetCurrent` on the context they belong to. That leaves the context current on the
