@@ -694,8 +694,8 @@ fn staged_rows(contexts: &[Context], bytes: usize, rows: &mut Vec<Row>) -> Bench
 
 /// The staged copy of all of `src` into `dst` through the reused `staging`.
 fn staged_copy(
-    dst: &mut DeviceBuffer<'_, u8>,
-    src: &DeviceBuffer<'_, u8>,
+    dst: &mut DeviceBuffer<u8>,
+    src: &DeviceBuffer<u8>,
     staging: &mut Staging,
 ) -> BenchResult<()> {
     copy_between_with(
@@ -744,8 +744,8 @@ fn two_devices(
 /// The direct rows of one direction, `src`'s device to `dst`'s, where `cuDeviceCanAccessPeer(dst, src)`
 /// says yes.
 fn direction(
-    src: &DeviceBuffer<'_, u8>,
-    dst: &mut DeviceBuffer<'_, u8>,
+    src: &DeviceBuffer<u8>,
+    dst: &mut DeviceBuffer<u8>,
     rows: &mut Vec<Row>,
     not_run: &mut Vec<String>,
 ) -> BenchResult<()> {
@@ -769,12 +769,15 @@ fn direction(
 /// `cuMemcpyPeer` under the same enablement, at each of [`PEER_SIZES`]; then the 1 GiB figure against
 /// the `NVLink` peak. The guard is disabled at the end, with its error reported.
 fn peer_view_rows(
-    src: &DeviceBuffer<'_, u8>,
-    dst: &mut DeviceBuffer<'_, u8>,
+    src: &DeviceBuffer<u8>,
+    dst: &mut DeviceBuffer<u8>,
     label: &str,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
-    let (src_ctx, dst_ctx) = (src.context(), dst.context());
+    let src_ctx = src.context();
+    // A clone of `dst`'s context (a share of its retain), so that it is not a borrow of `dst`, which
+    // the safe side borrows mutably.
+    let dst_ctx = &dst.context().clone();
     // Once for the group: enabling costs about 10 ms (the driver maps every allocation of the peer),
     // far more than a copy. The raw side runs under this same enablement.
     let guard = PeerAccess::open(dst_ctx, src_ctx)?;
@@ -824,7 +827,7 @@ fn peer_view_rows(
 }
 
 /// The safe direct copy of the first `n` bytes of `src` (a view open to `dst`'s device) into `dst`.
-fn pull(dst: &mut DeviceBuffer<'_, u8>, src: &DeviceSlice<'_, u8>, n: usize) -> BenchResult<()> {
+fn pull(dst: &mut DeviceBuffer<u8>, src: &DeviceSlice<'_, u8>, n: usize) -> BenchResult<()> {
     copy_between(
         &mut dst.as_mut_slice().slice_mut(..n)?,
         &src.slice(..n)?,
@@ -871,11 +874,13 @@ unsafe fn raw_peer(
 /// `copy_between` and `Route::Direct`, against raw `cuMemcpyPeer` from the same address.
 fn vmm_row(
     src_ctx: &Context,
-    dst: &mut DeviceBuffer<'_, u8>,
+    dst: &mut DeviceBuffer<u8>,
     label: &str,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
-    let dst_ctx = dst.context();
+    // A clone of `dst`'s context (a share of its retain), so that it is not a borrow of `dst`, which
+    // the safe side borrows mutably.
+    let dst_ctx = &dst.context().clone();
     let granularity = allocation_granularity(src_ctx.device(), Granularity::Minimum)?;
     let size = cuda_vmm::align_size(GIB, granularity)?;
     let memory = PhysicalAllocation::new(src_ctx.device(), size)?;
@@ -911,11 +916,14 @@ fn vmm_row(
 /// `Route::Auto` on plain views, which stages through a reused `Staging`, against raw `cuMemcpyPeer`,
 /// which the driver then stages itself (the old call of `Route::Direct`).
 fn without_access(
-    src: &DeviceBuffer<'_, u8>,
-    dst: &mut DeviceBuffer<'_, u8>,
+    src: &DeviceBuffer<u8>,
+    dst: &mut DeviceBuffer<u8>,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
-    let (src_ctx, dst_ctx) = (src.context(), dst.context());
+    let src_ctx = src.context();
+    // A clone of `dst`'s context (a share of its retain), so that it is not a borrow of `dst`, which
+    // the safe side borrows mutably.
+    let dst_ctx = &dst.context().clone();
     // Every guard of this bench has ended (disabled, with its error reported); ask the driver too.
     ensure_access_off(dst_ctx, src_ctx)?;
     ensure_access_off(src_ctx, dst_ctx)?;

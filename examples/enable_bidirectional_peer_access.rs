@@ -50,7 +50,7 @@ fn run() -> ExampleResult {
         .iter()
         .map(|&d| Context::new(d))
         .collect::<Result<_, _>>()?;
-    let kernels: Vec<AddOne<'_>> = contexts
+    let kernels: Vec<AddOne> = contexts
         .iter()
         .map(AddOne::load)
         .collect::<Result<_, _>>()?;
@@ -85,7 +85,7 @@ fn run() -> ExampleResult {
 /// Enables, proves and disables both directions of one pair.
 fn both_directions(
     contexts: &[Context],
-    kernels: &[AddOne<'_>],
+    kernels: &[AddOne],
     a_to_b: PeerLink,
     b_to_a: PeerLink,
 ) -> ExampleResult {
@@ -157,7 +157,7 @@ fn both_directions(
 
 /// Proves that `guard` opens its `to` device's memory to its `from` device: a buffer of `to` is read
 /// through a peer view (copy on `from`), and `add_one` runs on `from` reading the buffer directly.
-fn prove(guard: &PeerAccess<'_>, kernel: &AddOne<'_>, which: &str) -> ExampleResult {
+fn prove(guard: &PeerAccess<'_>, kernel: &AddOne, which: &str) -> ExampleResult {
     let (from, to) = (guard.from(), guard.to());
     let (f, t) = (from.device().ordinal(), to.device().ordinal());
     let input = pattern(ELEMENTS, (f * 64 + t) as u32);

@@ -17,9 +17,11 @@ use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 /// address, so a VMM address (owned by a mapping, reservation and physical allocation) can never be
 /// wrapped in a buffer that would `cuMemFree` it.
 ///
-/// # Lifetimes
-/// `'ctx` is the borrow of the context the memory was allocated in; it stays retained while the buffer
-/// lives.
+/// # Ownership
+/// The buffer owns a clone of the [`Context`] it was allocated in (see
+/// [Clones share one retain](Context#clones-share-one-retain)), so the context stays retained while the
+/// buffer lives and the buffer has no lifetime: it can live in a struct field beside, or instead of,
+/// the `Context` it was made with. Its views borrow the buffer.
 ///
 /// # Zero-sized types
 /// A zero-sized `T` has no device memory to hold, and every length of it would be zero bytes at
@@ -35,15 +37,15 @@ use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 /// # Ok(())
 /// # }
 /// ```
-pub struct DeviceBuffer<'ctx, T: Pod> {
+pub struct DeviceBuffer<T: Pod> {
     ptr: sys::CUdeviceptr,
     len: usize,
-    context: &'ctx Context,
+    context: Context,
     /// Owns `len` values of `T`: `Send`/`Sync` as `T` is (plain data always is).
     _data: PhantomData<T>,
 }
 
-impl<T: Pod> fmt::Debug for DeviceBuffer<'_, T> {
+impl<T: Pod> fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceBuffer")
             .field("ptr", &format_args!("{:#x}", self.ptr))
@@ -53,7 +55,7 @@ impl<T: Pod> fmt::Debug for DeviceBuffer<'_, T> {
     }
 }
 
-impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
+impl<T: Pod> DeviceBuffer<T> {
     /// `cuMemAlloc` + `cuMemsetD8` — allocate `len` values of `T` on `context`'s device, zero-filled
     /// (all-zero bytes are a valid `T`: `Pod` implies `Zeroable`).
     ///
@@ -64,7 +66,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     /// (the run-time check behind the build-time one); the driver's error otherwise (e.g.
     /// [`DriverError::OUT_OF_MEMORY`](crate::DriverError::OUT_OF_MEMORY)).
     #[doc(alias = "cuMemAlloc")]
-    pub fn zeroed(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
+    pub fn zeroed(context: &Context, len: usize) -> Result<DeviceBuffer<T>, Error> {
         const {
             assert!(
                 size_of::<T>() != 0,
@@ -91,7 +93,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     /// # Errors
     /// As [`DeviceBuffer::zeroed`].
     #[doc(alias = "cuMemAlloc")]
-    pub fn from_host(context: &'ctx Context, data: &[T]) -> Result<DeviceBuffer<'ctx, T>, Error> {
+    pub fn from_host(context: &Context, data: &[T]) -> Result<DeviceBuffer<T>, Error> {
         const {
             assert!(
                 size_of::<T>() != 0,
@@ -108,7 +110,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     ///
     /// # Errors
     /// As [`byte_size`], before any driver call; the driver's error otherwise.
-    fn uninit_zeroable(context: &'ctx Context, len: usize) -> Result<DeviceBuffer<'ctx, T>, Error> {
+    fn uninit_zeroable(context: &Context, len: usize) -> Result<DeviceBuffer<T>, Error> {
         let bytes = byte_size::<T>(len)?;
         let mut ptr: sys::CUdeviceptr = 0;
         if bytes > 0 {
@@ -119,7 +121,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
         Ok(DeviceBuffer {
             ptr,
             len,
-            context,
+            context: context.clone(),
             _data: PhantomData,
         })
     }
@@ -136,22 +138,22 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
         self.len == 0
     }
 
-    /// The context the memory belongs to.
+    /// The context the memory belongs to (the buffer's own clone of it).
     #[must_use]
-    pub fn context(&self) -> &'ctx Context {
-        self.context
+    pub fn context(&self) -> &Context {
+        &self.context
     }
 
     /// A read-only view of the whole buffer.
     #[must_use]
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
-        DeviceSlice::from_granted(self.ptr, self.len, self.context, Reach::NONE)
+        DeviceSlice::from_granted(self.ptr, self.len, &self.context, Reach::NONE)
     }
 
     /// A writable view of the whole buffer.
     #[must_use]
     pub fn as_mut_slice(&mut self) -> DeviceSliceMut<'_, T> {
-        DeviceSliceMut::from_granted(self.ptr, self.len, self.context, Reach::NONE)
+        DeviceSliceMut::from_granted(self.ptr, self.len, &self.context, Reach::NONE)
     }
 
     /// A read-only view of the whole buffer for the *peer* context of `access`: copies (and kernels given
@@ -173,7 +175,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
             self.ptr,
             self.len,
             access.from(),
-            Reach::Borrowed(core::slice::from_ref(&self.context)),
+            Reach::Owned(core::slice::from_ref(&self.context)),
         ))
     }
 
@@ -191,7 +193,7 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
             self.ptr,
             self.len,
             access.from(),
-            Reach::Borrowed(core::slice::from_ref(&self.context)),
+            Reach::Owned(core::slice::from_ref(&self.context)),
         ))
     }
 
@@ -212,9 +214,11 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
     /// # Errors
     /// The driver's error, if any.
     #[doc(alias = "cuMemFree")]
-    pub fn free(self) -> Result<(), Error> {
-        let this = core::mem::ManuallyDrop::new(self);
-        this.free_raw()
+    pub fn free(mut self) -> Result<(), Error> {
+        let freed = self.free_raw();
+        // Freed, or refused for good: `drop` frees nothing more and only releases the context.
+        self.ptr = 0;
+        freed
     }
 
     fn free_raw(&self) -> Result<(), Error> {
@@ -222,7 +226,8 @@ impl<'ctx, T: Pod> DeviceBuffer<'ctx, T> {
             return Ok(());
         }
         self.context.bind_to_thread()?;
-        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once (`free` skips `drop`).
+        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once (`free` zeroes it, so
+        // `drop` does not free it again).
         // Every view borrows the buffer, so none is alive; their copies finished before they returned.
         Ok(check(unsafe { sys::cuMemFree_v2(self.ptr) })?)
     }
@@ -249,7 +254,7 @@ fn byte_size<T>(len: usize) -> Result<usize, Error> {
     })
 }
 
-impl<T: Pod> Drop for DeviceBuffer<'_, T> {
+impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         // The error is ignored: `drop` cannot return it, and memory the driver refuses to free cannot be
         // freed later. Call `free` to see it.

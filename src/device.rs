@@ -4,6 +4,7 @@ use core::ffi::{c_char, c_int};
 use core::fmt;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::error::{DriverError, Error, Result, check};
 use crate::sys;
@@ -261,37 +262,58 @@ impl Device {
     }
 }
 
-/// A device's primary context, retained for as long as this value lives.
+/// A device's primary context, retained for as long as this value, or a clone of it, lives.
 ///
-/// `cuDevicePrimaryCtxRetain` on creation, `cuDevicePrimaryCtxRelease` on drop. The primary context is
-/// the one the CUDA runtime uses too, so memory and modules are shared with runtime-based libraries.
+/// `cuDevicePrimaryCtxRetain` in [`Context::new`], `cuDevicePrimaryCtxRelease` when the last clone is
+/// dropped. The primary context is the one the CUDA runtime uses too, so memory and modules are shared
+/// with runtime-based libraries.
+///
+/// # Clones share one retain
+/// A value from [`Context::new`] is one retain in the driver. Its clones share that retain rather
+/// than retaining again: the retained handle lives in an [`Arc`], a clone is a clone of the `Arc`, and
+/// the driver's release is made once, by the drop of the last clone. So cloning makes no driver call
+/// and cannot fail (a retain can), and a value that must keep the context alive (a
+/// [`DeviceBuffer`](crate::DeviceBuffer), a [`Module`](crate::Module)) keeps a clone of the context it
+/// was given. Calling [`Context::new`] again makes a second retain of its own in the driver. Either
+/// way, the primary context stays retained, and so is not reset, while any clone of any `Context` of
+/// its device lives.
 ///
 /// Driver calls that need a current context (copies, synchronisation, memory queries) are made by this
 /// crate after `cuCtxSetCurrent` on the context they belong to. That leaves the context current on the
 /// calling thread afterwards, as the CUDA runtime does.
+#[derive(Clone)]
 pub struct Context {
+    retained: Arc<Retained>,
+}
+
+/// One retain of a device's primary context: made by [`Context::new`], released by this value's drop.
+/// Shared by every clone of the `Context` (see [Clones share one retain](Context#clones-share-one-retain)).
+struct Retained {
     raw: sys::CUcontext,
     device: Device,
 }
 
 // SAFETY: a `CUcontext` is a handle to a process-wide driver object, not to thread-local state. The
 // driver API is thread-safe: a context may be made current on, and used from, any thread, also several
-// at once. `Context` exposes no interior state of its own.
-unsafe impl Send for Context {}
-// SAFETY: as for `Send`; every method takes `&self` and only passes the handle to thread-safe driver calls.
-unsafe impl Sync for Context {}
+// at once, and released from any thread. `Retained` has no interior state of its own, and its one
+// release is made by whichever thread drops the last `Context` sharing it.
+unsafe impl Send for Retained {}
+// SAFETY: as for `Send`; a `&Retained` gives only the handle and the device, which are passed to
+// thread-safe driver calls. (`Context`, an `Arc<Retained>`, is `Send` and `Sync` through these.)
+unsafe impl Sync for Retained {}
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
-            .field("device", &self.device)
-            .field("raw", &self.raw)
+            .field("device", &self.retained.device)
+            .field("raw", &self.retained.raw)
             .finish()
     }
 }
 
 impl Context {
-    /// `cuDevicePrimaryCtxRetain` — retain `device`'s primary context.
+    /// `cuDevicePrimaryCtxRetain` — retain `device`'s primary context, once; the value's clones share
+    /// this retain (see [Clones share one retain](Context#clones-share-one-retain)).
     ///
     /// # Errors
     /// The driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] when the context cannot be created.
@@ -300,19 +322,21 @@ impl Context {
         let mut raw: sys::CUcontext = ptr::null_mut();
         // SAFETY: `raw` is a valid, writable handle slot; `device` names a device the driver knows.
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&raw mut raw, device.ordinal) })?;
-        Ok(Context { raw, device })
+        Ok(Context {
+            retained: Arc::new(Retained { raw, device }),
+        })
     }
 
     /// The device whose primary context this is.
     #[must_use]
     pub fn device(&self) -> Device {
-        self.device
+        self.retained.device
     }
 
-    /// The raw `CUcontext`. It stays valid while `self` lives; do not release it.
+    /// The raw `CUcontext`. It stays valid while `self` (or a clone of it) lives; do not release it.
     #[must_use]
     pub fn as_raw(&self) -> sys::CUcontext {
-        self.raw
+        self.retained.raw
     }
 
     /// `cuCtxSetCurrent` — make this context current on the calling thread.
@@ -321,8 +345,8 @@ impl Context {
     /// The driver's error, if any.
     #[doc(alias = "cuCtxSetCurrent")]
     pub fn bind_to_thread(&self) -> Result<()> {
-        // SAFETY: `self.raw` is a retained primary context, alive while `self` is.
-        check(unsafe { sys::cuCtxSetCurrent(self.raw) })?;
+        // SAFETY: `self.as_raw()` is a retained primary context, alive while `self` is.
+        check(unsafe { sys::cuCtxSetCurrent(self.as_raw()) })?;
         Ok(())
     }
 
@@ -336,7 +360,7 @@ impl Context {
     /// A sticky error left by earlier asynchronous work.
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        crate::wait::context(self.raw)
+        crate::wait::context(self.as_raw())
     }
 
     /// `cuMemGetInfo` — `(free, total)` device memory in bytes, as seen from this context.
@@ -356,9 +380,10 @@ impl Context {
     }
 }
 
-impl Drop for Context {
+impl Drop for Retained {
     fn drop(&mut self) {
-        // SAFETY: this value retained the primary context once in `new`; this releases it once.
+        // SAFETY: `Context::new` retained the primary context once for this value, which the clones of
+        // that `Context` share (an `Arc`); it is dropped once, with the last of them, and releases once.
         let code = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device.ordinal) };
         // Errors are ignored: `drop` cannot return them, and the only failures (driver deinitialised at
         // process exit, invalid device) leave nothing that could be released later.

@@ -2,7 +2,6 @@
 
 use core::ffi::{CStr, c_void};
 use core::fmt;
-use core::marker::PhantomData;
 use core::ptr;
 
 use crate::device::Context;
@@ -32,14 +31,30 @@ fn check_ptx_text(text: &[u8]) -> Result<(), Error> {
 
 /// A module of device code loaded into a context, unloaded on drop.
 ///
-/// # Lifetimes
-/// `'ctx` is the borrow of the context the module lives in.
-pub struct Module<'ctx> {
+/// # Ownership
+/// The module owns a clone of the [`Context`] it was loaded into (see
+/// [Clones share one retain](Context#clones-share-one-retain)), so the context stays retained while the
+/// module is loaded and the module has no lifetime: an engine can keep it in the struct that owns its
+/// context, its streams and its memory. Its kernels ([`Function`]) borrow the module, so it is not
+/// unloaded while one of them can still be launched.
+pub struct Module {
     raw: sys::CUmodule,
-    context: &'ctx Context,
+    context: Context,
 }
 
-impl fmt::Debug for Module<'_> {
+// SAFETY: a `CUmodule` is a handle to a driver object of the module's context, not to thread-local
+// state. The driver API is thread-safe and takes a module on any thread where its context is current:
+// every call on the module makes it current first (`load_ptx` and `load_image` before
+// `cuModuleLoadData`, `function` before `cuModuleGetFunction`, `drop` before `cuModuleUnload`, which
+// it skips where the bind fails), and `device` calls no driver function. The module has no interior
+// state of its own, and the `Context` it holds is `Send` and `Sync`.
+unsafe impl Send for Module {}
+// SAFETY: as for `Send`: the only method that calls the driver through `&self`, `function`, binds the
+// context first and makes one thread-safe call (`cuModuleGetFunction`), which may run on several
+// threads at once.
+unsafe impl Sync for Module {}
+
+impl fmt::Debug for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Module")
             .field("raw", &self.raw)
@@ -48,7 +63,7 @@ impl fmt::Debug for Module<'_> {
     }
 }
 
-impl<'ctx> Module<'ctx> {
+impl Module {
     /// `cuModuleLoadData` — load PTX text into `context`; the driver compiles it for the device.
     ///
     /// Only text is accepted: every byte before the terminating NUL must be a tab, LF, CR or printable
@@ -69,7 +84,7 @@ impl<'ctx> Module<'ctx> {
     /// driver's error otherwise, e.g. [`DriverError::INVALID_PTX`](crate::DriverError::INVALID_PTX)
     /// for text it cannot compile.
     #[doc(alias = "cuModuleLoadData")]
-    pub fn load_ptx(context: &'ctx Context, ptx: &CStr) -> Result<Module<'ctx>, Error> {
+    pub fn load_ptx(context: &Context, ptx: &CStr) -> Result<Module, Error> {
         check_ptx_text(ptx.to_bytes())?;
         let text = ptx.to_bytes_with_nul();
         let mut padded = [0u8; MIN_IMAGE_BYTES];
@@ -88,7 +103,10 @@ impl<'ctx> Module<'ctx> {
         // and readable for at least `MIN_IMAGE_BYTES`: every binary image's magic holds a byte that is
         // not text, so the driver reads it as PTX, up to the NUL. A context is current (bound above).
         check(unsafe { sys::cuModuleLoadData(&raw mut raw, image.cast::<c_void>()) })?;
-        Ok(Module { raw, context })
+        Ok(Module {
+            raw,
+            context: context.clone(),
+        })
     }
 
     /// `cuModuleLoadData` — load a device code image of any kind the driver takes (PTX text, a cubin
@@ -111,16 +129,16 @@ impl<'ctx> Module<'ctx> {
     ///   them: a header that claims more than there is makes it read past the end (a `SIGSEGV`,
     ///   measured on an H200), so load only images made whole by NVIDIA's tools.
     #[doc(alias = "cuModuleLoadData")]
-    pub unsafe fn load_image(
-        context: &'ctx Context,
-        image: *const c_void,
-    ) -> Result<Module<'ctx>, Error> {
+    pub unsafe fn load_image(context: &Context, image: *const c_void) -> Result<Module, Error> {
         context.bind_to_thread()?;
         let mut raw: sys::CUmodule = ptr::null_mut();
         // SAFETY: `raw` is writable; the caller guarantees `image` for every byte the driver reads; a
         // context is current (bound just above).
         check(unsafe { sys::cuModuleLoadData(&raw mut raw, image) })?;
-        Ok(Module { raw, context })
+        Ok(Module {
+            raw,
+            context: context.clone(),
+        })
     }
 
     /// The device the module was loaded for.
@@ -142,15 +160,11 @@ impl<'ctx> Module<'ctx> {
         // SAFETY: `raw` is writable; `self.raw` is a module loaded in `self.context`, which is current
         // (bound just above); `name` is NUL-terminated and alive for the call.
         check(unsafe { sys::cuModuleGetFunction(&raw mut raw, self.raw, name.as_ptr()) })?;
-        Ok(Function {
-            raw,
-            context: self.context,
-            _module: PhantomData,
-        })
+        Ok(Function { raw, module: self })
     }
 }
 
-impl Drop for Module<'_> {
+impl Drop for Module {
     fn drop(&mut self) {
         // Errors are ignored: `drop` cannot return them, and a module the driver refuses to unload
         // cannot be unloaded later.
@@ -163,18 +177,33 @@ impl Drop for Module<'_> {
 }
 
 /// A kernel of a loaded [`Module`].
-pub struct Function<'m> {
+///
+/// # Lifetimes
+/// `'module` is the borrow of the module the kernel belongs to, which stays loaded while the kernel
+/// lives.
+pub struct Function<'module> {
     raw: sys::CUfunction,
-    context: &'m Context,
-    /// Borrows the module, which must stay loaded: covariant; not `Send`/`Sync` (a raw handle).
-    _module: PhantomData<&'m Module<'m>>,
+    /// The module, which must stay loaded, and through it the context the kernel runs in.
+    module: &'module Module,
 }
+
+// SAFETY: a `CUfunction` is a handle to a driver object of its module, which stays loaded while the
+// borrow of it lives; like the module's, it is not tied to a thread. The driver takes it on any thread
+// where its context is current, and both launches make that context current first: `launch` through
+// `wait::synchronous`, which binds the module's context before `cuLaunchKernel`, and
+// `ScopedStream::launch` through `admit_work`, which binds the stream's context, the same primary
+// context (the launch refuses a kernel of another device before it). `device` and `raw` call no driver
+// function. The `&Module` it holds is `Send` because `Module` is `Sync`.
+unsafe impl Send for Function<'_> {}
+// SAFETY: as for `Send`: a `&Function` only launches (each launch binds the context first and makes
+// thread-safe driver calls, which may run on several threads at once) or reads the handle and device.
+unsafe impl Sync for Function<'_> {}
 
 impl fmt::Debug for Function<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Function")
             .field("raw", &self.raw)
-            .field("device", &self.context.device())
+            .field("device", &self.module.device())
             .finish()
     }
 }
@@ -184,7 +213,7 @@ impl Function<'_> {
     /// reachable from it.
     #[must_use]
     pub fn device(&self) -> crate::Device {
-        self.context.device()
+        self.module.device()
     }
 
     /// The raw `CUfunction`, for launches on a stream (`ScopedStream::launch`); valid while the
@@ -227,7 +256,7 @@ impl Function<'_> {
         let params = params.as_mut_ptr();
         // The launch returns at once: the wait after it makes the kernel finished before anything it
         // uses can go away, also where the launch failed after being queued.
-        wait::synchronous(self.context.as_raw(), Returns::Early, || {
+        wait::synchronous(self.module.context.as_raw(), Returns::Early, || {
             // SAFETY: `self.raw` is a kernel of a loaded module (borrowed), in the current context
             // (`synchronous` binds it); the caller guarantees the parameters and every address the
             // kernel touches; `params` is alive for the call, which copies the parameter values

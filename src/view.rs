@@ -18,9 +18,10 @@ use crate::wait::{self, Returns};
 /// names them). Empty for a buffer's own memory and a grant to one device.
 #[derive(Clone, Copy)]
 pub(crate) enum Reach<'mem> {
-    /// Contexts borrowed from their owners: a grant's list, or the owner of a peer view's memory.
+    /// Contexts borrowed from their owners: a grant's list.
     Borrowed(&'mem [&'mem Context]),
-    /// Contexts an owned buffer keeps as its access set (retained by the buffer, borrowed by the view).
+    /// Contexts an owner keeps (retained by it, borrowed by the view): an owned buffer's access set,
+    /// or the context of the `DeviceBuffer` whose memory a peer view reads.
     Owned(&'mem [Context]),
 }
 

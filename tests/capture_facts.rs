@@ -65,7 +65,7 @@ fn status(stream: &Stream) -> (u32, u32) {
 
 /// Queues a memset of all of `buffer` on `stream`, long enough (gigabytes) to be still running when
 /// the host goes on.
-fn queue_long_memset(buffer: &mut DeviceBuffer<'_, u8>, stream: &Stream, byte: u8) {
+fn queue_long_memset(buffer: &mut DeviceBuffer<u8>, stream: &Stream, byte: u8) {
     // SAFETY: the buffer's own memory, in the current context, which outlives the memset (the
     // tests wait before the buffer is dropped).
     let code = unsafe {

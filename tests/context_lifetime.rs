@@ -1,8 +1,9 @@
 //! What outlives the last `Context` of a device: a primary context released by its last user is
-//! reset, which unpins its pinned host memory. `Staging` keeps the context it depends on retained; a
-//! guard leaves peer access that other code enabled as it found it. A process of its own, since these
-//! tests need to be the only holders of a device's primary context (`tests/forgotten_guard.rs` has
-//! the peer side of the reset).
+//! reset, which unpins its pinned host memory. A clone of a `Context` shares its retain, and a
+//! `DeviceBuffer` or `Module` keeps a clone of its context; `Staging` keeps the context it depends
+//! on retained; a guard leaves peer access that other code enabled as it found it. A process of its
+//! own, since these tests need to be the only holders of a device's primary context
+//! (`tests/forgotten_guard.rs` has the peer side of the reset).
 
 mod common;
 
@@ -10,9 +11,11 @@ use common::{code_name as name, pattern, primary_active, raw_disable_peer, raw_e
 
 use std::sync::{Mutex, PoisonError};
 
+use core::ffi::c_void;
+
 use cuda_vmm::{
-    Context, CopyPath, DeviceBuffer, DriverError, PeerAccess, Route, Staging, can_access_peer,
-    copy_between_with,
+    Context, CopyPath, DeviceBuffer, DriverError, Module, PeerAccess, Route, Staging,
+    can_access_peer, copy_between_with,
 };
 
 /// The tests each need to be the only holders of the primary contexts they look at.
@@ -73,6 +76,68 @@ fn staging_keeps_its_context_and_memory_alive() {
     assert!(
         !primary_active(device),
         "the last Staging released its context"
+    );
+}
+
+#[test]
+fn clones_buffers_and_modules_keep_their_context_retained() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let test = "clones_buffers_and_modules_keep_their_context_retained";
+    let Some(devices) = common::devices_or_skip(test, 1) else {
+        return;
+    };
+    let device = devices[0];
+    drop(Context::new(device).unwrap());
+    assert!(
+        !primary_active(device),
+        "no one else in this process holds {device:?}'s primary context"
+    );
+
+    // A clone shares its original's one retain: the last of the two to be dropped releases it.
+    let ctx = Context::new(device).unwrap();
+    let clone = ctx.clone();
+    assert_eq!(clone.as_raw(), ctx.as_raw());
+    drop(ctx);
+    assert!(primary_active(device), "the clone keeps the shared retain");
+    drop(clone);
+    assert!(!primary_active(device), "the last clone released it");
+
+    // Buffers and a module own a clone of the context they were made with: they keep it, and work,
+    // after it is dropped.
+    let input = pattern(1 << 12, 31);
+    let (src, mut dst, module) = {
+        let ctx = Context::new(device).unwrap();
+        (
+            DeviceBuffer::from_host(&ctx, &input).unwrap(),
+            DeviceBuffer::<u32>::zeroed(&ctx, input.len()).unwrap(),
+            Module::load_ptx(&ctx, &common::add_one_ptx()).unwrap(),
+        )
+    };
+    assert!(
+        primary_active(device),
+        "the buffers and the module keep their context"
+    );
+    let kernel = module.function(c"add_one").unwrap();
+    let mut dst_ptr = dst.as_mut_slice().as_raw_ptr();
+    let mut src_ptr = src.as_slice().as_raw_ptr();
+    let mut n = u32::try_from(input.len()).unwrap();
+    let mut params = [
+        (&raw mut dst_ptr).cast::<c_void>(),
+        (&raw mut src_ptr).cast::<c_void>(),
+        (&raw mut n).cast::<c_void>(),
+    ];
+    // SAFETY: the parameters are (u64, u64, u32) as `add_one` declares; both buffers hold `n` values
+    // of this device's memory, alive and used by nothing else until the launch has waited for the
+    // kernel.
+    unsafe { kernel.launch((n.div_ceil(256), 1, 1), (256, 1, 1), &mut params) }.unwrap();
+    let expected: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
+    assert_eq!(dst.as_slice().to_vec().unwrap(), expected);
+    drop((src, dst));
+    assert!(primary_active(device), "the module still keeps its context");
+    drop(module);
+    assert!(
+        !primary_active(device),
+        "the module, the last owner of a clone, released it"
     );
 }
 

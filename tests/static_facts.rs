@@ -36,14 +36,19 @@ assert_impl_all!(Access<'static, ReadWrite>: Send, Sync);
 assert_impl_all!(Access<'static, ReadOnly>: Send, Sync);
 assert_impl_all!(DeviceSlice<'static, u32>: Send, Sync, Copy);
 assert_impl_all!(DeviceSliceMut<'static, u32>: Send, Sync);
-assert_impl_all!(DeviceBuffer<'static, u32>: Send, Sync);
 // A peer-access guard is two `&Context`; a scoped grant is the `Access` it dereferences to.
 assert_impl_all!(PeerAccess<'static>: Send, Sync);
 assert_impl_all!(ScopedAccess<'static, ReadWrite>: Send, Sync);
 
-// Modules and kernels hold raw driver handles (`CUmodule`, `CUfunction`) and claim no thread-safety.
-assert_not_impl_any!(Module<'static>: Send, Sync);
-assert_not_impl_any!(Function<'static>: Send, Sync);
+// A plain device buffer and a loaded module own a clone of their context, so they have no lifetime:
+// they live in struct fields beside the context they were made with, move between threads and are
+// shared by reference (thread-safe driver handles; each binds its context before every driver call).
+// A kernel borrows its module and is shared like it.
+assert_impl_all!(DeviceBuffer<u32>: Send, Sync);
+assert_impl_all!(Module: Send, Sync);
+assert_impl_all!(Function<'static>: Send, Sync);
+const _: () = owned_outright::<DeviceBuffer<u32>>();
+const _: () = owned_outright::<Module>();
 
 // Exclusive things are not copyable: a copy would be a second owner (double unmap, double free) or a
 // second writer.
@@ -53,12 +58,14 @@ assert_not_impl_any!(Access<'static, ReadWrite>: Clone, Copy);
 assert_not_impl_any!(DeviceSliceMut<'static, u32>: Clone, Copy);
 assert_not_impl_any!(PhysicalAllocation: Clone, Copy);
 assert_not_impl_any!(VirtualReservation: Clone, Copy);
-assert_not_impl_any!(Context: Clone, Copy);
-assert_not_impl_any!(DeviceBuffer<'static, u32>: Clone, Copy);
+// A context is cloned as a shared retain (one release, by the last clone), never copied.
+assert_impl_all!(Context: Clone);
+assert_not_impl_any!(Context: Copy);
+assert_not_impl_any!(DeviceBuffer<u32>: Clone, Copy);
 // A copied guard or scoped grant would end twice: two disables, two revokes.
 assert_not_impl_any!(PeerAccess<'static>: Clone, Copy);
 assert_not_impl_any!(ScopedAccess<'static, ReadWrite>: Clone, Copy);
-assert_not_impl_any!(Module<'static>: Clone, Copy);
+assert_not_impl_any!(Module: Clone, Copy);
 
 // Zero cost: each safe type is exactly the raw data the driver calls need.
 /// The raw data of a mapping, region or reservation: `CUdeviceptr` and `size_t`.
@@ -70,12 +77,13 @@ assert_eq_size!(Device, i32);
 assert_eq_size!(DriverError, u32);
 assert_eq_size!(Option<DriverError>, u32);
 assert_eq_size!(cuda_vmm::Result<(), DriverError>, u32);
-// A context is its handle plus its device. A view is the address, length and the context copies use,
-// plus the other contexts whose devices reach its memory, which copies between devices read to choose
-// their path: a slice reference (the grant's list, the owner of a peer view's memory, none, or an owned
-// buffer's access set) and a word that says whether the slice holds `&Context`s or `Context`s. That
-// word is the one cost of sharing the view types between the borrowed and the owned layer.
-assert_eq_size!(Context, (usize, i32));
+// A context is one pointer, to the retain its clones share (the handle and the device). A view is the
+// address, length and the context copies use, plus the other contexts whose devices reach its memory,
+// which copies between devices read to choose their path: a slice reference (the grant's list, the
+// owner of a peer view's memory, none, or an owned buffer's access set) and a word that says whether
+// the slice holds `&Context`s or `Context`s. That word is the one cost of sharing the view types
+// between the borrowed and the owned layer.
+assert_eq_size!(Context, usize);
 assert_eq_size!(
     DeviceSlice<'static, u32>,
     (u64, usize, usize, usize, &[&Context])

@@ -30,7 +30,7 @@ const BLOCK: (u32, u32, u32) = (256, 1, 1);
 /// wait, or a consumer that did not wait for its event, would see the old bytes.
 const SPIN: Duration = Duration::from_millis(200);
 
-fn spin_module(ctx: &Context) -> Module<'_> {
+fn spin_module(ctx: &Context) -> Module {
     Module::load_ptx(ctx, &CString::new(SPIN_PTX).expect("PTX has no NUL byte")).unwrap()
 }
 

@@ -174,13 +174,13 @@ pub(crate) fn pattern(len: usize, seed: u32) -> Vec<u32> {
 const ADD_ONE_PTX: &str = include_str!("../kernels/add_one.ptx");
 
 /// The `add_one` kernel, loaded into one device's context.
-pub(crate) struct AddOne<'ctx> {
-    module: Module<'ctx>,
+pub(crate) struct AddOne {
+    module: Module,
     device: Device,
 }
 
-impl<'ctx> AddOne<'ctx> {
-    pub(crate) fn load(context: &'ctx Context) -> ExampleResult<AddOne<'ctx>> {
+impl AddOne {
+    pub(crate) fn load(context: &Context) -> ExampleResult<AddOne> {
         let module = Module::load_ptx(context, &CString::new(ADD_ONE_PTX)?)?;
         Ok(AddOne {
             module,
