@@ -1896,7 +1896,7 @@ extern "C" __global__ void scale(float *x, unsigned long long n) {
     };
     let mut buffer = VirtualBuffer::new(BYTES, &[device], ReadWrite)?;
     buffer.grow(device, BYTES)?;
-    let mut view = buffer.slice_mut::<f32>(..)?;
+    let mut view = buffer.slice_bytes_mut::<f32>(..)?;
     let mut slice = stream.alloc_zeros::<f32>(BYTES / 4)?;
     scope(&stream, |s| -> BenchResult<()> {
         stream.memset_zeros(&mut s.lend_mut(&mut view)?)?;

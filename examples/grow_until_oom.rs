@@ -43,7 +43,7 @@ fn run() -> ExampleResult {
     // is measured after one.
     let mut warm_up = VirtualBuffer::new(granularity, &[device], ReadWrite)?;
     warm_up.grow(device, granularity)?;
-    warm_up.slice_mut::<u32>(..4)?.copy_from_host(&[0])?;
+    warm_up.slice_bytes_mut::<u32>(..4)?.copy_from_host(&[0])?;
     warm_up.free()?;
     let (free_before, total) = context.memory_info()?;
     // A budget of twice the device's memory: address space only, so the growth meets the memory's
@@ -64,7 +64,7 @@ fn run() -> ExampleResult {
                 // A marker at the start of each page, to find again after the refusal.
                 let marker = (offset / step) as u32;
                 buffer
-                    .slice_mut::<u32>(offset..offset + 4)?
+                    .slice_bytes_mut::<u32>(offset..offset + 4)?
                     .copy_from_host(&[marker])?;
             }
             Err(e) => break e,
@@ -90,7 +90,7 @@ fn run() -> ExampleResult {
     for page in 0..pages {
         let mut marker = [0u32];
         buffer
-            .slice::<u32>(page * step..page * step + 4)?
+            .slice_bytes::<u32>(page * step..page * step + 4)?
             .copy_to_host(&mut marker)?;
         if marker[0] != page as u32 {
             return Err(format!("  page {page}: marker {} changed", marker[0]).into());

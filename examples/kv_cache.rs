@@ -49,7 +49,7 @@ fn run() -> ExampleResult {
     let mut warm_up = VirtualBuffer::new(page, &[device], ReadWrite)?;
     warm_up.grow(device, page)?;
     warm_up
-        .slice_mut::<u8>(..)?
+        .slice_bytes_mut::<u8>(..)?
         .copy_from_host(&vec![0; page])?;
     warm_up.free()?;
     let (free_before, _) = context.memory_info()?;
@@ -200,7 +200,7 @@ impl KvCache {
             mapped_end += self.page;
         }
         self.buffer
-            .slice_mut::<u32>(start..end)?
+            .slice_bytes_mut::<u32>(start..end)?
             .copy_from_host(&token)?;
         self.tokens_written += 1;
         Ok(())
@@ -212,7 +212,7 @@ impl KvCache {
         let start = sequence.slot * self.slot_bytes;
         let got = self
             .buffer
-            .slice::<u32>(start..start + sequence.tokens * TOKEN_BYTES)?
+            .slice_bytes::<u32>(start..start + sequence.tokens * TOKEN_BYTES)?
             .to_vec()?;
         let expected: Vec<u32> = (0..sequence.tokens)
             .flat_map(|t| token_bytes(sequence.seed, t))

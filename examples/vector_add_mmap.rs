@@ -98,8 +98,8 @@ fn run() -> ExampleResult {
     );
     let n = a.end() / 4;
     let (input_a, input_b) = (pattern(n, 1), pattern(n, 2));
-    a.slice_mut::<u32>(..)?.copy_from_host(&input_a)?;
-    b.slice_mut::<u32>(..)?.copy_from_host(&input_b)?;
+    a.slice_bytes_mut::<u32>(..)?.copy_from_host(&input_a)?;
+    b.slice_bytes_mut::<u32>(..)?.copy_from_host(&input_b)?;
     let expected: Vec<u32> = input_a
         .iter()
         .zip(&input_b)
@@ -123,11 +123,11 @@ fn run() -> ExampleResult {
             return Ok(());
         };
         let stream = ctx.new_stream()?;
-        c.slice_mut::<u32>(..)?.copy_from_host(&vec![0; n])?;
-        let mut c_view = c.slice_mut_on::<u32>(.., device)?;
+        c.slice_bytes_mut::<u32>(..)?.copy_from_host(&vec![0; n])?;
+        let mut c_view = c.slice_bytes_mut_on::<u32>(device, ..)?;
         let (a_view, b_view) = (
-            a.slice_on::<u32>(.., device)?,
-            b.slice_on::<u32>(.., device)?,
+            a.slice_bytes_on::<u32>(device, ..)?,
+            b.slice_bytes_on::<u32>(device, ..)?,
         );
         scope(&stream, |s| -> ExampleResult {
             // Lent until the scope has waited for `stream`; each lend checks that this GPU reaches
@@ -147,7 +147,7 @@ fn run() -> ExampleResult {
             }?;
             Ok(())
         })?; // the kernel has finished: the scope waited for the stream
-        let result = c.slice::<u32>(..)?.to_vec()?;
+        let result = c.slice_bytes::<u32>(..)?.to_vec()?;
         verify(
             &format!("  GPU {gpu} added {n} values over the stripes of every GPU"),
             &result,

@@ -28,7 +28,7 @@
 //!
 //! # Where to start
 //! - Memory that outlives the code that made it: [`VirtualBuffer`] ([`VirtualBuffer::new`],
-//!   [`grow`](VirtualBuffer::grow), [`slice_mut`](VirtualBuffer::slice_mut)).
+//!   [`grow`](VirtualBuffer::grow), [`slice_bytes_mut`](VirtualBuffer::slice_bytes_mut)).
 //! - A scoped lifecycle: [`PhysicalAllocation`], [`VirtualReservation::region`], [`Region::map`],
 //!   [`Mapping::grant`].
 //! - Work queued on streams: [`scope`], [`Stream`], [`PinnedBuffer`], [`Event`].

@@ -134,7 +134,7 @@ fn nvrtc_kernel_writes_a_growing_buffer_and_cudarc_reads_it_back() -> TestResult
         buffer.grow(device, page)?;
         let end = buffer.end();
         let (n, n32) = (end / 4, u32::try_from(end / 4)?);
-        let mut view = buffer.slice_mut::<u32>(..end)?; // every page mapped so far
+        let mut view = buffer.slice_bytes_mut::<u32>(..end)?; // every page mapped so far
         let mut host = vec![0u32; n];
         scope(&stream, |s| -> TestResult {
             let mut lent = s.lend_mut(&mut view)?;
@@ -192,7 +192,9 @@ fn cublas_sgemm_on_vmm_memory() -> TestResult {
     let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
     let matrix = N * N * 4;
-    let (mut va, rest) = buffer.slice_mut::<f32>(..3 * matrix)?.split_at_mut(N * N)?;
+    let (mut va, rest) = buffer
+        .slice_bytes_mut::<f32>(..3 * matrix)?
+        .split_at_mut(N * N)?;
     let (mut vb, mut vc) = rest.split_at_mut(N * N)?;
     let mut c = vec![0f32; N * N];
     scope(&stream, |s| -> TestResult {
@@ -257,7 +259,7 @@ fn kernel_on_one_gpu_reads_vmm_memory_of_another() -> TestResult {
     let mut on_gpu0 = VirtualBuffer::new(page, &[d0, d1], ReadWrite)?;
     on_gpu0.grow(d0, page)?;
     assert_eq!(on_gpu0.pages().next().map(|p| p.device), Some(d0));
-    on_gpu0.slice_mut::<u32>(..)?.copy_from_host(&input)?;
+    on_gpu0.slice_bytes_mut::<u32>(..)?.copy_from_host(&input)?;
     let mut gpu0_only = VirtualBuffer::new(page, &[d0], ReadWrite)?;
     gpu0_only.grow(d0, page)?;
 
@@ -265,9 +267,9 @@ fn kernel_on_one_gpu_reads_vmm_memory_of_another() -> TestResult {
     out.grow(d1, page)?;
     let n32 = u32::try_from(n)?;
     let mut host = vec![0u32; n];
-    let src = on_gpu0.slice_on::<u32>(.., d1)?;
-    let mut dst = out.slice_mut::<u32>(..)?;
-    let gpu0_only = gpu0_only.slice::<u32>(..)?;
+    let src = on_gpu0.slice_bytes_on::<u32>(d1, ..)?;
+    let mut dst = out.slice_bytes_mut::<u32>(..)?;
+    let gpu0_only = gpu0_only.slice_bytes::<u32>(..)?;
     scope(&stream1, |s| -> TestResult {
         let refused = s.lend(gpu0_only);
         assert!(
@@ -354,10 +356,10 @@ fn refused_operations_touch_no_memory() -> TestResult {
     let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
     let input = pattern(page / 4, 9);
-    buffer.slice_mut::<u32>(..)?.copy_from_host(&input)?;
+    buffer.slice_bytes_mut::<u32>(..)?.copy_from_host(&input)?;
 
     // Another stream of the same context.
-    let mut view = buffer.slice_mut::<u32>(..)?;
+    let mut view = buffer.slice_bytes_mut::<u32>(..)?;
     let result = scope(&stream, |s| -> TestResult {
         let mut lent = s.lend_mut(&mut view)?;
         let queued = other.memset_zeros(&mut lent);
@@ -374,13 +376,13 @@ fn refused_operations_touch_no_memory() -> TestResult {
         "{refusal}"
     );
     assert_eq!(
-        buffer.slice::<u32>(..)?.to_vec()?,
+        buffer.slice_bytes::<u32>(..)?.to_vec()?,
         input,
         "nothing was zeroed"
     );
 
     // A capture of the scope's stream: the captured memset gets a never-mapped address.
-    let mut view = buffer.slice_mut::<u32>(..)?;
+    let mut view = buffer.slice_bytes_mut::<u32>(..)?;
     let result = scope(&stream, |s| -> TestResult {
         let mut lent = s.lend_mut(&mut view)?;
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
@@ -405,7 +407,7 @@ fn refused_operations_touch_no_memory() -> TestResult {
         "{refusal}"
     );
     assert_eq!(
-        buffer.slice::<u32>(..)?.to_vec()?,
+        buffer.slice_bytes::<u32>(..)?.to_vec()?,
         input,
         "nothing was zeroed"
     );
@@ -439,7 +441,7 @@ fn forgetting_lent_values_and_guards_is_harmless() -> TestResult {
     let page = allocation_granularity(device, Granularity::Minimum)?;
     let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
-    let mut view = buffer.slice_mut::<u32>(..)?;
+    let mut view = buffer.slice_bytes_mut::<u32>(..)?;
     let ones = vec![1u32; page / 4];
     scope(&stream, |s| -> TestResult {
         let mut lent = s.lend_mut(&mut view)?;
@@ -474,9 +476,9 @@ fn cudarc_copy_into_page_locked_memory_returns_before_the_copy_ends() -> TestRes
     let mut buffer = VirtualBuffer::new(bytes, &[device], ReadWrite)?;
     buffer.grow(device, bytes)?;
     buffer
-        .slice_mut::<u8>(..)?
+        .slice_bytes_mut::<u8>(..)?
         .copy_from_host(&vec![7u8; bytes])?;
-    let view = buffer.slice::<u8>(..)?;
+    let view = buffer.slice_bytes::<u8>(..)?;
     let mut host = PinnedBuffer::<u8>::zeroed(&ours, bytes)?;
     let mut running_after_return = false;
     scope(&stream, |s| -> TestResult {

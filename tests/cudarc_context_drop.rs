@@ -63,9 +63,12 @@ fn either_side_may_drop_its_context_first() {
     );
     let input = pattern(page / 4, 3);
     buffer
-        .slice_mut::<u32>(..)
+        .slice_bytes_mut::<u32>(..)
         .unwrap()
         .copy_from_host(&input)
         .unwrap();
-    assert_eq!(buffer.slice::<u32>(..).unwrap().to_vec().unwrap(), input);
+    assert_eq!(
+        buffer.slice_bytes::<u32>(..).unwrap().to_vec().unwrap(),
+        input
+    );
 }

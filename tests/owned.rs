@@ -40,7 +40,7 @@ fn granularity(device: Device) -> usize {
 /// Writes the pattern of `seed` into the `bytes` bytes at `offset`.
 fn fill(buffer: &mut VirtualBuffer, offset: usize, bytes: usize, seed: u32) {
     buffer
-        .slice_mut::<u32>(offset..offset + bytes)
+        .slice_bytes_mut::<u32>(offset..offset + bytes)
         .unwrap()
         .copy_from_host(&pattern(bytes / 4, seed))
         .unwrap();
@@ -55,7 +55,7 @@ fn holds<M: cuda_vmm::AccessMode>(
     what: &str,
 ) {
     let got = buffer
-        .slice::<u32>(offset..offset + bytes)
+        .slice_bytes::<u32>(offset..offset + bytes)
         .unwrap()
         .to_vec()
         .unwrap();
@@ -107,7 +107,7 @@ fn a_thousand_growths_keep_the_address_and_the_bytes() {
     let page_of = |expected: &[u32], n: usize| expected[n * words..(n + 1) * words].to_vec();
     let read = |buffer: &VirtualBuffer, n: usize| {
         buffer
-            .slice::<u32>(n * g..(n + 1) * g)
+            .slice_bytes::<u32>(n * g..(n + 1) * g)
             .unwrap()
             .to_vec()
             .unwrap()
@@ -116,11 +116,11 @@ fn a_thousand_growths_keep_the_address_and_the_bytes() {
         let offset = buffer.grow(device, g).unwrap();
         assert_eq!(offset, n * g, "growth {n} maps right after the last page");
         assert_eq!(buffer.base(), base, "growth {n} moved the base");
-        let view = buffer.slice::<u8>(offset..offset + g).unwrap();
+        let view = buffer.slice_bytes::<u8>(offset..offset + g).unwrap();
         assert_eq!(view.as_raw_ptr(), base + offset as u64);
         expected.extend(pattern(words, n as u32));
         buffer
-            .slice_mut::<u32>(offset..offset + g)
+            .slice_bytes_mut::<u32>(offset..offset + g)
             .unwrap()
             .copy_from_host(&expected[n * words..])
             .unwrap();
@@ -136,7 +136,7 @@ fn a_thousand_growths_keep_the_address_and_the_bytes() {
         }
         if n % 100 == 99 || n + 1 == growths {
             let all = buffer
-                .slice::<u32>(..(n + 1) * g)
+                .slice_bytes::<u32>(..(n + 1) * g)
                 .unwrap()
                 .to_vec()
                 .unwrap();
@@ -192,11 +192,11 @@ fn pages_in_the_middle_are_released_and_mapped_again() {
     );
     for page in [0, 1, 5, 7] {
         holds(&buffer, page * g, g, page as u32, "a page beside the holes");
-        let view = buffer.slice::<u8>(page * g..(page + 1) * g).unwrap();
+        let view = buffer.slice_bytes::<u8>(page * g..(page + 1) * g).unwrap();
         assert_eq!(view.as_raw_ptr(), base + (page * g) as u64, "page {page}");
     }
     assert_eq!(
-        buffer.slice::<u8>(g..6 * g).unwrap_err(),
+        buffer.slice_bytes::<u8>(g..6 * g).unwrap_err(),
         Error::PageRange {
             start: 2 * g,
             end: 5 * g,
@@ -227,7 +227,11 @@ fn pages_in_the_middle_are_released_and_mapped_again() {
     }
     holds(&buffer, 2 * g, 3 * g, 100, "the three-granule page");
     // A view across all six pages, of two sizes, reads in one copy.
-    let whole = buffer.slice::<u32>(..8 * g).unwrap().to_vec().unwrap();
+    let whole = buffer
+        .slice_bytes::<u32>(..8 * g)
+        .unwrap()
+        .to_vec()
+        .unwrap();
     assert_eq!(whole.len(), 8 * g / 4);
     assert!(whole[..g / 4] == pattern(g / 4, 0));
     assert!(whole[2 * g / 4..5 * g / 4] == pattern(3 * g / 4, 100));
@@ -292,15 +296,15 @@ fn refused_arguments(buffer: &mut VirtualBuffer, g: usize, budget: usize) {
         Err(Error::PageRange { start, end, .. }) if (start, end) == (8 * g, 10 * g)
     ));
     assert!(matches!(
-        buffer.slice::<u8>(3 * g..9 * g),
+        buffer.slice_bytes::<u8>(3 * g..9 * g),
         Err(Error::PageRange { start, end, .. }) if (start, end) == (4 * g, 8 * g)
     ));
     assert!(matches!(
-        buffer.slice::<u32>(2..6),
+        buffer.slice_bytes::<u32>(2..6),
         Err(Error::NotWholeElements { .. })
     ));
     assert!(matches!(
-        buffer.slice_mut::<u8>(..=budget),
+        buffer.slice_bytes_mut::<u8>(..=budget),
         Err(Error::OutOfBounds { .. })
     ));
 }
@@ -444,7 +448,7 @@ fn grants_equal_pages_mapped() {
     }
     for n in 0..1000 {
         let page = n % 32;
-        let view = buffer.slice::<u32>(page * g..(page + 1) * g).unwrap();
+        let view = buffer.slice_bytes::<u32>(page * g..(page + 1) * g).unwrap();
         assert_eq!(view.len(), g / 4);
         if n % 100 == 0 {
             fill(&mut buffer, page * g, g, n as u32);
@@ -480,7 +484,7 @@ fn read_only_buffer_reads_and_the_driver_refuses_writes() {
     let g = granularity(device);
     let mut buffer = VirtualBuffer::new(4 * g, &[device], ReadOnly).unwrap();
     buffer.grow(device, g).unwrap();
-    let view = buffer.slice::<u8>(..g).unwrap();
+    let view = buffer.slice_bytes::<u8>(..g).unwrap();
     assert_eq!(view.to_vec().unwrap().len(), g);
     ctx.bind_to_thread().unwrap();
     // SAFETY: `g` bytes of mapped device memory, alive for the call (the view borrows the buffer);
@@ -604,12 +608,12 @@ fn striped_round(devices: &[Device]) {
 
     // Written in one copy through the first device, over the pages of every device.
     let data = pattern(bytes / 4, 0x5719);
-    src.slice_mut::<u32>(..)
+    src.slice_bytes_mut::<u32>(..)
         .unwrap()
         .copy_from_host(&data)
         .unwrap();
     for &device in devices {
-        let view = src.slice_on::<u32>(.., device).unwrap();
+        let view = src.slice_bytes_on::<u32>(device, ..).unwrap();
         assert_eq!(view.device(), device);
         assert!(devices.iter().all(|&d| view.reachable_from(d)));
         assert!(
@@ -619,21 +623,22 @@ fn striped_round(devices: &[Device]) {
     }
     // A direct copy in the last device's context, between two striped buffers.
     let last = devices[devices.len() - 1];
-    dst.slice_mut_on::<u32>(.., last)
+    dst.slice_bytes_mut_on::<u32>(last, ..)
         .unwrap()
-        .copy_from_device(&src.slice_on::<u32>(.., last).unwrap())
+        .copy_from_device(&src.slice_bytes_on::<u32>(last, ..).unwrap())
         .unwrap();
-    assert!(dst.slice::<u32>(..).unwrap().to_vec().unwrap() == data);
+    assert!(dst.slice_bytes::<u32>(..).unwrap().to_vec().unwrap() == data);
     // Between views of two devices: the source's access set opens it to the destination's device.
     let path = cuda_vmm::copy_between(
-        &mut dst.slice_mut_on::<u32>(..page, devices[0]).unwrap(),
-        &src.slice_on::<u32>(page..2 * page, devices[1]).unwrap(),
+        &mut dst.slice_bytes_mut_on::<u32>(devices[0], ..page).unwrap(),
+        &src.slice_bytes_on::<u32>(devices[1], page..2 * page)
+            .unwrap(),
         cuda_vmm::Route::Direct,
     )
     .unwrap();
     assert_eq!(path, cuda_vmm::CopyPath::Direct);
     assert!(
-        dst.slice::<u32>(..page).unwrap().to_vec().unwrap() == data[page / 4..2 * page / 4],
+        dst.slice_bytes::<u32>(..page).unwrap().to_vec().unwrap() == data[page / 4..2 * page / 4],
         "the second page of the source, now first in the destination"
     );
 
@@ -644,10 +649,10 @@ fn striped_round(devices: &[Device]) {
     assert_eq!(src.stats().set_access_calls, calls + 2 * pages);
     assert_eq!(src.devices(), [devices[0]]);
     assert!(matches!(
-        src.slice_on::<u32>(.., devices[1]),
+        src.slice_bytes_on::<u32>(devices[1], ..),
         Err(Error::DeviceMismatch { .. })
     ));
-    let view = src.slice::<u32>(..).unwrap();
+    let view = src.slice_bytes::<u32>(..).unwrap();
     assert!(!view.reachable_from(devices[1]));
     assert!(
         view.to_vec().unwrap() == data,

@@ -255,7 +255,7 @@ fn sleep_until(since: Instant, how_long: Duration) {
 #[cfg(feature = "cudarc")]
 fn fill(ctx: &Context, buffer: &mut VirtualBuffer, byte: u8) {
     let stream = Stream::new(ctx).unwrap();
-    let mut view = buffer.slice_mut::<u32>(..).unwrap();
+    let mut view = buffer.slice_bytes_mut::<u32>(..).unwrap();
     cuda_vmm::scope(|s| {
         s.on(&stream).memset(&mut view, byte)?;
         Ok(())
@@ -266,7 +266,7 @@ fn fill(ctx: &Context, buffer: &mut VirtualBuffer, byte: u8) {
 /// The last `page` bytes of `buffer`'s mapped range, read with a synchronous copy.
 #[cfg(feature = "cudarc")]
 fn last_page(buffer: &VirtualBuffer, page: usize) -> Result<Vec<u32>, cuda_vmm::Error> {
-    buffer.slice::<u32>(buffer.end() - page..)?.to_vec()
+    buffer.slice_bytes::<u32>(buffer.end() - page..)?.to_vec()
 }
 
 /// How a closure inside `interop::cudarc::scope` leaves a capture of the scope's stream open.
@@ -300,7 +300,7 @@ fn lent_memset_left_capturing(test: &str, leaves: &[Leave]) {
     let mut buffer = VirtualBuffer::new(BIG, &[gpu.device], ReadWrite).unwrap();
     for &leave in leaves {
         buffer.grow(gpu.device, BIG).unwrap();
-        let mut view = buffer.slice_mut::<u32>(..).unwrap();
+        let mut view = buffer.slice_bytes_mut::<u32>(..).unwrap();
         let started = Instant::now();
         let result = scope(&stream, |s| -> TestResult {
             let mut lent = s.lend_mut(&mut view)?;
@@ -363,7 +363,7 @@ fn lent_memset_left_capturing(test: &str, leaves: &[Leave]) {
         let offset = buffer.grow(gpu.device, page).unwrap();
         assert_eq!(offset, 0, "the new page is at the old view's address");
         let pattern = vec![0xA5A5_A5A5u32; page / 4];
-        let mut again = buffer.slice_mut::<u32>(..page).unwrap();
+        let mut again = buffer.slice_bytes_mut::<u32>(..page).unwrap();
         again.copy_from_host(&pattern).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert!(
@@ -559,8 +559,11 @@ fn a_synchronous_device_copy_waits_while_another_thread_captures_globally() {
 
     let (copied, elapsed, spun_complete, right_after) =
         while_another_thread_captures(TEST, &capturing, CaptureStart::BeforeTheCall, HOLD, || {
-            let source = src.slice::<u32>(..).unwrap();
-            let copied = dst.slice_mut::<u32>(..).unwrap().copy_from_device(&source);
+            let source = src.slice_bytes::<u32>(..).unwrap();
+            let copied = dst
+                .slice_bytes_mut::<u32>(..)
+                .unwrap()
+                .copy_from_device(&source);
             let elapsed = launched.elapsed();
             let spun_complete = spun.try_is_complete();
             (copied, elapsed, spun_complete, last_page(&dst, page))
@@ -612,7 +615,10 @@ fn a_staged_copy_waits_while_another_thread_captures_globally() {
     let capturing = gpu.cu.new_stream().unwrap();
     // The first and the last page of the destination, read with synchronous copies.
     let ends = |dst: &VirtualBuffer| -> Result<(Vec<u32>, Vec<u32>), cuda_vmm::Error> {
-        Ok((dst.slice::<u32>(..page)?.to_vec()?, last_page(dst, page)?))
+        Ok((
+            dst.slice_bytes::<u32>(..page)?.to_vec()?,
+            last_page(dst, page)?,
+        ))
     };
 
     let (copied, elapsed, right_after) =
@@ -620,8 +626,8 @@ fn a_staged_copy_waits_while_another_thread_captures_globally() {
             let mut staging = staging;
             let started = Instant::now();
             let copied = copy_between_with(
-                &mut dst.slice_mut::<u32>(..).unwrap(),
-                &src.slice::<u32>(..).unwrap(),
+                &mut dst.slice_bytes_mut::<u32>(..).unwrap(),
+                &src.slice_bytes::<u32>(..).unwrap(),
                 Route::Staged,
                 &mut staging,
             );
@@ -936,7 +942,7 @@ fn abort_child(test: &str) {
     let page = allocation_granularity(gpu.device, Granularity::Minimum).unwrap();
     let mut buffer = VirtualBuffer::new(page, &[gpu.device], ReadWrite).unwrap();
     buffer.grow(gpu.device, page).unwrap();
-    let mut view = buffer.slice_mut::<u32>(..).unwrap();
+    let mut view = buffer.slice_bytes_mut::<u32>(..).unwrap();
     let fork = gpu.cu.new_event(None).unwrap();
     println!("{test} (child): entering the scope");
     let started = Instant::now();

@@ -26,7 +26,7 @@
 //! let stream = ctx.new_stream()?;
 //! let mut buffer = VirtualBuffer::new(1 << 30, &[Device::get(0)?], ReadWrite)?;
 //! let page = buffer.grow(Device::get(0)?, 2 << 20)?;
-//! let mut view = buffer.slice_mut::<f32>(page..page + (2 << 20))?;
+//! let mut view = buffer.slice_bytes_mut::<f32>(page..page + (2 << 20))?;
 //! let mut host = vec![0f32; view.len()];
 //! scope(&stream, |s| -> Result<(), Box<dyn std::error::Error>> {
 //!     let mut lent = s.lend_mut(&mut view)?; // borrowed until the stream has been waited for

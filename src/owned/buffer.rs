@@ -110,7 +110,7 @@ impl Page {
 ///   [`ReadWrite`] or [`ReadOnly`](crate::ReadOnly)) and grants it on each page when the page is
 ///   mapped: one `cuMemSetAccess` per page, never one per view ([`BufferStats`] counts them).
 ///   [`set_access`](VirtualBuffer::set_access) changes the set for every page.
-/// - **Views** ([`slice`](VirtualBuffer::slice), [`slice_mut`](VirtualBuffer::slice_mut)) borrow the
+/// - **Views** ([`slice_bytes`](VirtualBuffer::slice_bytes), [`slice_bytes_mut`](VirtualBuffer::slice_bytes_mut)) borrow the
 ///   buffer and may span any run of adjacent mapped pages, of one device or several. Every structural
 ///   change takes `&mut self`, so no view survives an unmap, a shrink or a change of the access set,
 ///   and only a `ReadWrite` buffer has writable views.
@@ -131,10 +131,10 @@ impl Page {
 /// let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?; // 1 GiB of address space
 /// let base = buffer.base();
 /// buffer.grow(device, page)?; // cuMemCreate, cuMemMap, cuMemSetAccess
-/// buffer.slice_mut::<u8>(..page)?.copy_from_host(&vec![7; page])?;
+/// buffer.slice_bytes_mut::<u8>(..page)?.copy_from_host(&vec![7; page])?;
 /// buffer.grow(device, page)?; // the first page keeps its address and its bytes
 /// assert_eq!(buffer.base(), base);
-/// assert_eq!(buffer.slice::<u8>(..page)?.to_vec()?, vec![7; page]);
+/// assert_eq!(buffer.slice_bytes::<u8>(..page)?.to_vec()?, vec![7; page]);
 /// # Ok(())
 /// # }
 /// ```
@@ -146,7 +146,7 @@ impl Page {
 /// # let page = 2 << 20;
 /// let mut buffer = cuda_vmm::VirtualBuffer::new(1 << 30, &[device], cuda_vmm::ReadWrite)?;
 /// buffer.grow(device, page)?;
-/// let view = buffer.slice::<u8>(..page)?;
+/// let view = buffer.slice_bytes::<u8>(..page)?;
 /// buffer.shrink()?; // unmaps the page the view reads
 /// view.to_vec()?;
 /// # Ok(())
@@ -188,7 +188,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// `budget` is address space, not memory: it can be far larger than any device's memory (a 64 GiB
     /// budget costs nothing until pages are mapped). It must be a multiple of the granularity of every
     /// device in `devices`. The devices' primary contexts are retained for as long as the buffer
-    /// lives; views copy through the first one ([`slice_on`](VirtualBuffer::slice_on) picks another).
+    /// lives; views copy through the first one ([`slice_bytes_on`](VirtualBuffer::slice_bytes_on) picks another).
     /// A device named twice counts once.
     ///
     /// # Errors
@@ -590,7 +590,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// [`Error::OutOfBounds`] for a range outside the budget; [`Error::NotWholeElements`] where the
     /// range's start or length is not a whole number of `T`s, or `T` is zero-sized;
     /// [`Error::PageRange`] where some of the bytes are not mapped (the error names the first hole).
-    pub fn slice<T: Pod>(
+    pub fn slice_bytes<T: Pod>(
         &self,
         bytes: impl RangeBounds<usize>,
     ) -> Result<DeviceSlice<'_, T>, Error> {
@@ -598,16 +598,17 @@ impl<M: AccessMode> VirtualBuffer<M> {
         self.slice_through(bytes, context)
     }
 
-    /// As [`slice`](VirtualBuffer::slice), with copies made through the context of `device`, which
-    /// must be in the access set.
+    /// As [`slice_bytes`](VirtualBuffer::slice_bytes), with copies made through the context of
+    /// `device`, which must be in the access set (the device first, as in the borrowed layer's
+    /// [`Access::slice_on`](crate::Access::slice_on)).
     ///
     /// # Errors
     /// [`Error::DeviceMismatch`] where `device` is not in the access set; as
-    /// [`slice`](VirtualBuffer::slice) otherwise.
-    pub fn slice_on<T: Pod>(
+    /// [`slice_bytes`](VirtualBuffer::slice_bytes) otherwise.
+    pub fn slice_bytes_on<T: Pod>(
         &self,
-        bytes: impl RangeBounds<usize>,
         device: Device,
+        bytes: impl RangeBounds<usize>,
     ) -> Result<DeviceSlice<'_, T>, Error> {
         self.slice_through(bytes, self.context_of(device)?)
     }
@@ -637,8 +638,8 @@ impl VirtualBuffer<ReadWrite> {
     /// [`DeviceSliceMut::split_at_mut`]).
     ///
     /// # Errors
-    /// As [`slice`](VirtualBuffer::slice).
-    pub fn slice_mut<T: Pod>(
+    /// As [`slice_bytes`](VirtualBuffer::slice_bytes).
+    pub fn slice_bytes_mut<T: Pod>(
         &mut self,
         bytes: impl RangeBounds<usize>,
     ) -> Result<DeviceSliceMut<'_, T>, Error> {
@@ -652,15 +653,15 @@ impl VirtualBuffer<ReadWrite> {
         ))
     }
 
-    /// As [`slice_mut`](VirtualBuffer::slice_mut), with copies made through the context of `device`,
-    /// which must be in the access set.
+    /// As [`slice_bytes_mut`](VirtualBuffer::slice_bytes_mut), with copies made through the context
+    /// of `device`, which must be in the access set (the device first, as in the borrowed layer).
     ///
     /// # Errors
-    /// As [`slice_on`](VirtualBuffer::slice_on).
-    pub fn slice_mut_on<T: Pod>(
+    /// As [`slice_bytes_on`](VirtualBuffer::slice_bytes_on).
+    pub fn slice_bytes_mut_on<T: Pod>(
         &mut self,
-        bytes: impl RangeBounds<usize>,
         device: Device,
+        bytes: impl RangeBounds<usize>,
     ) -> Result<DeviceSliceMut<'_, T>, Error> {
         let (ptr, len) = self.view_range::<T>(bytes)?;
         let context = self.context_of(device)?;

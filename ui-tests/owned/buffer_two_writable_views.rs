@@ -9,9 +9,9 @@ fn main() -> Result<(), Error> {
     let page = 2 << 20;
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
-    let mut first = buffer.slice_mut::<u32>(..page)?;
+    let mut first = buffer.slice_bytes_mut::<u32>(..page)?;
 
-    let mut second = buffer.slice_mut::<u32>(..page)?; // <- error[E0499]: `first` still borrows `buffer`
+    let mut second = buffer.slice_bytes_mut::<u32>(..page)?; // <- error[E0499]: `first` still borrows `buffer`
     first.copy_from_host(&vec![1; first.len()])?;
     second.copy_from_host(&vec![2; second.len()])?;
     Ok(())

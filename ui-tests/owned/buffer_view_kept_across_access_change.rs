@@ -9,7 +9,7 @@ fn main() -> Result<(), Error> {
     let page = 2 << 20;
     let mut buffer = VirtualBuffer::new(1 << 30, &[gpu0, gpu1], ReadWrite)?;
     buffer.grow(gpu0, page)?;
-    let view = buffer.slice_on::<u32>(..page, gpu1)?;
+    let view = buffer.slice_bytes_on::<u32>(gpu1, ..page)?;
 
     buffer.set_access(&[gpu0])?; // <- error[E0502]: `view` still borrows `buffer`
     println!("{:?}", view.to_vec()?);

@@ -10,7 +10,7 @@ fn main() -> Result<(), Error> {
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
     buffer.grow(device, page)?;
-    let view = buffer.slice::<u32>(page..2 * page)?;
+    let view = buffer.slice_bytes::<u32>(page..2 * page)?;
 
     buffer.unmap(page..2 * page)?; // <- error[E0502]: `view` still borrows `buffer`
     println!("{:?}", view.to_vec()?);

@@ -9,7 +9,7 @@ fn main() -> Result<(), Error> {
     let page = 2 << 20;
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
-    let view = buffer.slice::<u32>(..page)?;
+    let view = buffer.slice_bytes::<u32>(..page)?;
 
     drop(buffer); // <- error[E0505]: `view` still borrows `buffer`
     println!("{:?}", view.to_vec()?);

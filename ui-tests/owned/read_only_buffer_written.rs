@@ -10,6 +10,6 @@ fn main() -> Result<(), Error> {
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadOnly)?;
     buffer.grow(device, page)?;
 
-    buffer.slice_mut::<u32>(..page)?.copy_from_host(&[0; 1024])?; // <- error[E0599]: read-only pages
+    buffer.slice_bytes_mut::<u32>(..page)?.copy_from_host(&[0; 1024])?; // <- error[E0599]: read-only pages
     Ok(())
 }

@@ -10,7 +10,7 @@ fn main() -> Result<(), Error> {
     let page = cuda_vmm::allocation_granularity(device, Granularity::Minimum)?;
     let mut buffer = VirtualBuffer::new(4 * page, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
-    let mut view = buffer.slice_mut::<u32>(0..page)?;
+    let mut view = buffer.slice_bytes_mut::<u32>(0..page)?;
     let stream = Stream::new(&context)?;
 
     cuda_vmm::scope(|s| {
