@@ -50,9 +50,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuda_vmm::{
-    Access, Context, CopyPath, Device, DeviceBuffer, DeviceSlice, DriverError, Granularity,
-    PeerAccess, PhysicalAllocation, ReadWrite, Route, STAGING_CHUNK_BYTES, Staging,
-    VirtualReservation, allocation_granularity, can_access_peer, copy_between, copy_between_with,
+    Access, Context, Device, DeviceBuffer, DeviceSlice, DriverError, Granularity, PeerAccess,
+    PhysicalAllocation, ReadWrite, VirtualReservation, allocation_granularity, copy_between,
+    peer::CopyPath, peer::Route, peer::STAGING_CHUNK_BYTES, peer::Staging, peer::can_access_peer,
+    peer::copy_between_with,
 };
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -235,7 +236,7 @@ fn run() -> BenchResult<()> {
         "bench on {} x {} (driver API {})",
         devices.len(),
         device.name()?,
-        cuda_vmm::driver_version()?
+        cuda_vmm::device::driver_version()?
     );
     let g = allocation_granularity(device, Granularity::Minimum)?;
     let mut rows = Vec::new();
@@ -1008,7 +1009,7 @@ fn host_and_ipc(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -
 /// copied into device memory with `copy_from_device` (a `cuMemcpyDtoD` whose source is host memory),
 /// against `cuMemcpyHtoD` from pinned `cuMemHostAlloc` memory into the same buffer.
 fn host_reads(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
-    use cuda_vmm::{AllocationOptions, HostAllocation};
+    use cuda_vmm::{host::HostAllocation, vmm::AllocationOptions};
     let device = ctx.device();
     let bytes = 256usize << 20;
     let (options, label) = if device.supports_host_numa_memory()? {
@@ -1022,7 +1023,9 @@ fn host_reads(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> 
     };
     let size = cuda_vmm::align_size(bytes, options.granularity(Granularity::Minimum)?)?;
     let mut memory = match options.location {
-        cuda_vmm::Location::HostNuma(node) => HostAllocation::on_numa_node(device, node, size)?,
+        cuda_vmm::vmm::Location::HostNuma(node) => {
+            HostAllocation::on_numa_node(device, node, size)?
+        }
         _ => HostAllocation::new(device, size)?,
     };
     let mut reservation = VirtualReservation::new(size, 0)?;
@@ -1090,7 +1093,9 @@ mod raw_ipc {
 /// driver's location of the memory) against the same driver calls and a bare `sendmsg` / `recvmsg`.
 #[cfg(unix)]
 fn ipc_latency(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
-    use cuda_vmm::{ExportInfo, ExportedAllocation, PosixFd, ShareableAllocation};
+    use cuda_vmm::{
+        ipc::ExportInfo, ipc::ExportedAllocation, ipc::PosixFd, ipc::ShareableAllocation,
+    };
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::net::UnixStream;
 

@@ -16,7 +16,7 @@ mod common;
 use std::process::ExitCode;
 
 use common::{ExampleResult, two_or_more_devices_or_none};
-use cuda_vmm::can_access_peer;
+use cuda_vmm::peer::can_access_peer;
 
 fn main() -> ExitCode {
     common::exit_code("check_peer_access", run())

@@ -26,9 +26,9 @@ use std::process::ExitCode;
 
 use common::{AddOne, ExampleResult, check, pattern, two_or_more_devices_or_none, verify};
 use cuda_vmm::{
-    Context, CopyPath, Device, DeviceBuffer, DeviceSlice, Error, Granularity, PhysicalAllocation,
-    ReadWrite, Route, VirtualReservation, align_size, allocation_granularity, can_access_peer,
-    copy_between,
+    Context, Device, DeviceBuffer, DeviceSlice, Error, Granularity, PhysicalAllocation, ReadWrite,
+    VirtualReservation, align_size, allocation_granularity, copy_between, peer::CopyPath,
+    peer::Route, peer::can_access_peer,
 };
 
 /// The chapter's request for pattern (a), rounded up to the granularity.

@@ -24,7 +24,7 @@ mod common;
 use std::process::ExitCode;
 
 use common::{AddOne, ExampleResult, pattern, two_or_more_devices_or_none, verify};
-use cuda_vmm::{Context, DeviceBuffer, Error, PeerAccess, PeerLink, can_access_peer};
+use cuda_vmm::{Context, DeviceBuffer, Error, PeerAccess, peer::PeerLink, peer::can_access_peer};
 
 /// Elements of each test buffer (4 MiB of `u32`).
 const ELEMENTS: usize = 1 << 20;

@@ -18,8 +18,8 @@ use std::process::ExitCode;
 
 use common::{ExampleResult, check, first_vmm_device_or_none};
 use cuda_vmm::{
-    Context, DriverError, Granularity, PageInfo, ReadWrite, VirtualBuffer, align_size,
-    allocation_granularity,
+    Context, DriverError, Granularity, ReadWrite, VirtualBuffer, align_size,
+    allocation_granularity, owned::PageInfo,
 };
 
 /// The size of each growth.

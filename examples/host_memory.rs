@@ -23,8 +23,8 @@ use std::process::ExitCode;
 use common::{ExampleResult, pattern, verify};
 use cuda_vmm::interop::cudarc::scope;
 use cuda_vmm::{
-    Context, Granularity, HostAllocation, ReadOnly, ReadWrite, VirtualReservation,
-    allocation_granularity,
+    Context, Granularity, ReadOnly, ReadWrite, VirtualReservation, allocation_granularity,
+    host::HostAllocation,
 };
 use cudarc::driver::{CudaContext, DriverError, LaunchConfig, PushKernelArg, sys};
 

@@ -34,8 +34,8 @@ mod shared {
 
     use crate::common::{self, ExampleResult, pattern, verify};
     use cuda_vmm::{
-        Context, ExportedAllocation, Granularity, PosixFd, ReadWrite, ShareableAllocation,
-        VirtualReservation, allocation_granularity,
+        Context, Granularity, ReadWrite, VirtualReservation, allocation_granularity,
+        ipc::ExportedAllocation, ipc::PosixFd, ipc::ShareableAllocation,
     };
 
     pub(crate) fn parent() -> ExampleResult {
@@ -94,7 +94,7 @@ mod shared {
         println!("child: received {exported:?}");
         let memory = exported.import()?;
         drop(exported);
-        let cuda_vmm::Location::Device(device) = memory.location() else {
+        let cuda_vmm::vmm::Location::Device(device) = memory.location() else {
             return Err("the shared memory is not device memory".into());
         };
         let context = Context::new(device)?;

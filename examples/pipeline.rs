@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 
 use common::{ExampleResult, check, pattern, two_or_more_devices_or_none, verify};
 use cuda_vmm::{
-    Context, DeviceBuffer, DeviceSlice, DeviceSliceMut, Error, Event, Function, Granularity,
-    Module, PhysicalAllocation, PinnedBuffer, ReadWrite, Stream, VirtualReservation, align_size,
-    allocation_granularity, can_access_peer,
+    Context, DeviceBuffer, DeviceSlice, DeviceSliceMut, Error, Event, Granularity, Module,
+    PhysicalAllocation, PinnedBuffer, ReadWrite, Stream, VirtualReservation, align_size,
+    allocation_granularity, module::Function, peer::can_access_peer,
 };
 
 /// Batches per run.

@@ -26,7 +26,7 @@ fn main() -> ExitCode {
 
 fn tour() -> ExampleResult {
     println!("cuda-vmm tour");
-    match cuda_vmm::driver_version() {
+    match cuda_vmm::device::driver_version() {
         Ok(v) => println!(
             "  driver library loaded: CUDA driver API {}.{}",
             v / 1000,

@@ -9,13 +9,13 @@
 //! documentation names a driver code as its error, such as `DriverError::OUT_OF_MEMORY`, it is
 //! returned as that `Error::Driver`. [`Error::driver`] gives the code of any error the driver made.
 //!
-//! Inside the crate, one driver call's result is a [`DriverResult`], which keeps the bare code, so
+//! Inside the crate, one driver call's result is a `DriverResult`, which keeps the bare code, so
 //! that clean-up paths can report both codes of an [`Error::CleanupFailed`].
 //!
 //! # Files
 //!
 //! - this file: [`Error`], [`Result`], and the helpers that turn driver codes into results
-//!   ([`check`], [`first_error`]);
+//!   (`check`, `first_error`);
 //! - `error/driver.rs`: [`DriverError`], why it is a newtype of an integer, and what it prints;
 //! - `error/codes.rs`: the table of the 102 codes this crate names, each with the driver's own
 //!   name and description, from which the constants' documentation is made.
@@ -132,7 +132,7 @@ pub enum Error {
     /// staged by the driver at a fraction of the link's speed (or refused). Checked before any driver
     /// call. Open the memory to the device first (a grant that names it, or a
     /// [`PeerAccess`](crate::PeerAccess) guard and a peer view), or copy with
-    /// [`Route::Auto`](crate::Route::Auto) or [`Route::Staged`](crate::Route::Staged).
+    /// [`Route::Auto`](crate::peer::Route::Auto) or [`Route::Staged`](crate::peer::Route::Staged).
     NoPeerAccess {
         /// The ordinal of the device that would access the memory.
         device: i32,
@@ -177,7 +177,7 @@ pub enum Error {
         what: &'static str,
     },
     /// A byte range of a reservation of the owned layer ([`VirtualBuffer`](crate::VirtualBuffer),
-    /// [`SharedReservation`](crate::SharedReservation)) that does not fit what is mapped there: a new
+    /// [`SharedReservation`](crate::owned::SharedReservation)) that does not fit what is mapped there: a new
     /// page or mapping over bytes already mapped, a view over bytes not mapped, an unmap that would
     /// cut a page in two. Checked before any driver call.
     PageRange {

@@ -20,13 +20,13 @@ use core::ops::Deref;
 
 use bytemuck::Pod;
 
-use crate::access::{Access, AccessMode, ReadWrite, ScopedAccess, elements};
 use crate::device::{Context, Device};
 use crate::error::{Error, Result, check};
-use crate::mapping::Mapping;
-use crate::physical::{AllocationOptions, Location, PhysicalAllocation};
-use crate::reservation::Region;
 use crate::sys;
+use crate::vmm::access::{Access, AccessMode, ReadWrite, ScopedAccess, elements};
+use crate::vmm::mapping::Mapping;
+use crate::vmm::physical::{AllocationOptions, Location, PhysicalAllocation};
+use crate::vmm::reservation::Region;
 
 /// Host memory for VMM: a [`PhysicalAllocation`] located in host memory, released on drop.
 ///
@@ -182,11 +182,11 @@ impl<'va> HostMapping<'va, '_> {
     /// # Errors
     /// As [`Mapping::grant`].
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant<'a, M: AccessMode>(
-        &'a mut self,
-        context: &'a Context,
+    pub fn grant<'map, M: AccessMode>(
+        &'map mut self,
+        context: &'map Context,
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.mapping.grant(context, mode)
     }
 
@@ -195,11 +195,11 @@ impl<'va> HostMapping<'va, '_> {
     /// # Errors
     /// As [`Mapping::grant_all`].
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_all<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub fn grant_all<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.mapping.grant_all(contexts, mode)
     }
 
@@ -209,11 +209,11 @@ impl<'va> HostMapping<'va, '_> {
     /// # Errors
     /// As [`Mapping::grant_scoped`].
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_scoped<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub fn grant_scoped<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'a, M>, Error> {
+    ) -> Result<ScopedAccess<'map, M>, Error> {
         self.mapping.grant_scoped(contexts, mode)
     }
 
@@ -286,14 +286,14 @@ impl<'va> HostMapping<'va, '_> {
 ///   `region.map(&memory)` (a shared borrow) does not compile meanwhile. A mapping forgotten with
 ///   `mem::forget` stays mapped in the driver, but no view of it can be made any more.
 /// - **Another process.** A `HostAllocation` has no `export`; memory shareable with other processes is
-///   a [`ShareableAllocation`](crate::ShareableAllocation), which gives no CPU slices.
+///   a [`ShareableAllocation`](crate::ipc::ShareableAllocation), which gives no CPU slices.
 ///
 /// The bytes are plain data (`T: Pod`), so whatever the driver or a device left there is a valid `T`.
 ///
 /// A CPU grant while a device view of the same mapping lives does not compile:
 ///
 /// ```compile_fail,E0499
-/// # use cuda_vmm::{Context, Device, HostAllocation, ReadWrite, VirtualReservation};
+/// # use cuda_vmm::{Context, Device, host::HostAllocation, ReadWrite, VirtualReservation};
 /// # fn main() -> Result<(), cuda_vmm::Error> {
 /// # let device = Device::get(0)?;
 /// # let context = Context::new(device)?;
@@ -310,12 +310,12 @@ impl<'va> HostMapping<'va, '_> {
 /// ```
 ///
 /// # Lifetimes
-/// `'a` is the mutable borrow of the host mapping.
-pub struct HostAccess<'a, M: AccessMode> {
+/// `'map` is the mutable borrow of the host mapping.
+pub struct HostAccess<'map, M: AccessMode> {
     ptr: sys::CUdeviceptr,
     size: usize,
-    /// The exclusive borrow of the mapped bytes for `'a`: covariant; `Send`/`Sync` as `&mut [u8]`.
-    _mapping: PhantomData<&'a mut [u8]>,
+    /// The exclusive borrow of the mapped bytes for `'map`: covariant; `Send`/`Sync` as `&mut [u8]`.
+    _mapping: PhantomData<&'map mut [u8]>,
     /// The mode, at the type level only.
     _mode: PhantomData<M>,
 }

@@ -5,7 +5,7 @@
 //!
 //! Which handle types an allocation can be exported as is part of its type: only a
 //! [`ShareableAllocation<PosixFd>`] has [`export`](ShareableAllocation::export), so exporting a plain
-//! [`PhysicalAllocation`] (or a [`HostAllocation`](crate::HostAllocation)) does not compile.
+//! [`PhysicalAllocation`] (or a [`HostAllocation`](crate::host::HostAllocation)) does not compile.
 //!
 //! The importing process gets a [`PhysicalAllocation`] that maps like any other. An imported handle does
 //! not know its size (measured), so the size travels with the descriptor, in an [`ExportInfo`];
@@ -25,8 +25,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::device::Device;
 use crate::error::{DriverError, DriverResult, Error, Result, check};
-use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::sys;
+use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 
 // The wire format of an `ExportInfo` (`to_bytes`, `from_bytes`) and its checks.
 mod message;
@@ -118,7 +118,7 @@ impl HandleKind for Fabric {
 /// ```
 ///
 /// Host memory is never shareable here: the driver refuses a handle type for
-/// [`Location::Host`](crate::Location::Host), and a [`HostAllocation`](crate::HostAllocation), whose
+/// [`Location::Host`](crate::vmm::Location::Host), and a [`HostAllocation`](crate::host::HostAllocation), whose
 /// bytes the CPU borrows as Rust slices, must not be written by another process meanwhile.
 pub struct ShareableAllocation<K: HandleKind = PosixFd> {
     memory: PhysicalAllocation,
@@ -365,7 +365,7 @@ impl ExportedAllocation {
     /// the exporter's. Checked after the import, against the driver's own answer
     /// (`cuMemGetAllocationPropertiesFromHandle`): that the memory lives on that device. The size
     /// cannot be checked (the driver does not say): a size smaller than the memory makes
-    /// [`Region::map`](crate::Region::map) fail with `CUDA_ERROR_NOT_SUPPORTED` (801), as any partial
+    /// [`Region::map`](crate::vmm::Region::map) fail with `CUDA_ERROR_NOT_SUPPORTED` (801), as any partial
     /// mapping does (measured on device memory); a larger size is expected to be refused by the
     /// driver's `cuMemMap` too (`tests/ipc.rs` checks both on a GPU).
     ///

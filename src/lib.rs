@@ -22,20 +22,30 @@
 //! The **owned layer** holds the same driver objects by ownership, as std's `OwnedFd` is beside
 //! `BorrowedFd`: a [`VirtualBuffer`] owns one reservation, the pages mapped into it (at any offset, of
 //! any device) and its access set, so it has no lifetime and can live in a struct field for hours;
-//! an [`OwnedMapping`] owns one allocation mapped into a [`SharedReservation`]. Every change that could
-//! pull memory or access from under a view takes `&mut`, and both layers hand out the same views,
-//! [`DeviceSlice`] and [`DeviceSliceMut`].
+//! an [`OwnedMapping`](owned::OwnedMapping) owns one allocation mapped into a
+//! [`SharedReservation`](owned::SharedReservation). Every change that could pull memory or access
+//! from under a view takes `&mut`, and both layers hand out the same views, [`DeviceSlice`] and
+//! [`DeviceSliceMut`].
 //!
-//! # Where to start
-//! - Memory that outlives the code that made it: [`VirtualBuffer`] ([`VirtualBuffer::new`],
-//!   [`grow`](VirtualBuffer::grow), [`slice_bytes_mut`](VirtualBuffer::slice_bytes_mut)).
-//! - A scoped lifecycle: [`PhysicalAllocation`], [`VirtualReservation::region`], [`Region::map`],
-//!   [`Mapping::grant`].
-//! - Work queued on streams: [`scope`], [`Stream`], [`PinnedBuffer`], [`Event`].
-//! - Several GPUs: [`can_access_peer`], [`PeerAccess`], [`Mapping::grant_all`], [`copy_between`].
-//! - Host memory: [`HostAllocation`]; memory shared between processes: `ShareableAllocation` (Unix).
-//! - cudarc: the `interop` module (feature `cudarc`).
-//! - Errors: [`Error`] and [`DriverError`].
+//! # The modules
+//! Each module is one concept; lower ones never name higher ones.
+//! - [`device`]: initialisation, [`Device`], [`Context`] (a device's primary context, retained).
+//! - [`vmm`]: the borrowed layer: [`PhysicalAllocation`], [`VirtualReservation`] and its
+//!   [`Region`](vmm::Region)s, [`Mapping`], [`Access`] and the scoped grant.
+//! - [`view`]: [`DeviceSlice`], [`DeviceSliceMut`] and their synchronous copies; [`DeviceBuffer`]
+//!   (`cuMemAlloc`).
+//! - [`owned`]: the owned layer: [`VirtualBuffer`], [`SharedReservation`](owned::SharedReservation),
+//!   [`OwnedMapping`](owned::OwnedMapping).
+//! - [`host`]: host memory mapped like device memory, and the CPU's slices of it.
+//! - [`stream`]: [`Stream`], [`Event`], [`PinnedBuffer`], and [`scope`], under which queued copies
+//!   and kernels borrow what they use until the work has finished.
+//! - [`peer`]: several GPUs: links, [`PeerAccess`] guards, and [`copy_between`].
+//! - [`module`]: PTX modules and their kernels ([`Module`]).
+//! - `ipc` (Unix): memory shared between processes.
+//! - `interop` (feature `cudarc`): this crate's views lent to cudarc.
+//! - [`error`]: [`Error`], [`DriverError`], [`Result`]. [`raw`]: the handles the escape hatches
+//!   return.
+//! - [`safety_model`]: the one rule table.
 //!
 //! # Safety model
 //! Every rule the types enforce, the driver failure it prevents and the compile-fail case that proves
@@ -53,54 +63,36 @@
     )
 )]
 
-mod access;
-mod buffer;
-mod device;
-mod error;
-mod host;
+pub mod device;
+pub mod error;
+pub mod host;
 #[cfg(feature = "cudarc")]
 pub mod interop;
 #[cfg(unix)]
 pub mod ipc;
-mod mapped;
-mod mapping;
-mod module;
-mod owned;
-mod peer;
-mod physical;
+pub mod module;
+pub mod owned;
+pub mod peer;
 pub mod raw;
-mod reservation;
 pub mod safety_model;
 pub mod stream;
 mod sys;
-mod transfer;
-mod view;
+pub mod view;
+pub mod vmm;
 mod wait;
 
-pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
-pub use buffer::DeviceBuffer;
-pub use device::{Context, Device, driver_version, init};
+// The types a typical program names; every other public item is in its module.
+pub use device::{Context, Device, init};
 pub use error::{DriverError, Error, Result};
-pub use host::{HostAccess, HostAllocation, HostMapping};
-#[cfg(unix)]
-pub use ipc::{ExportInfo, ExportedAllocation, Fabric, HandleKind, PosixFd, ShareableAllocation};
-pub use mapping::Mapping;
-pub use module::{Function, Module};
-pub use owned::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};
-pub use peer::{P2PAttributes, PeerAccess, PeerLink, can_access_peer, p2p_attributes};
-pub use physical::{
-    AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,
-    allocation_granularity,
+pub use module::Module;
+pub use owned::VirtualBuffer;
+pub use peer::{PeerAccess, copy_between};
+pub use stream::{Event, PinnedBuffer, Stream, scope};
+pub use view::{DeviceBuffer, DeviceSlice, DeviceSliceMut};
+pub use vmm::{
+    Access, Granularity, Mapping, PhysicalAllocation, ReadOnly, ReadWrite, VirtualReservation,
+    align_size, allocation_granularity,
 };
-pub use reservation::{Region, VirtualReservation};
-pub use stream::{
-    DeviceInFlight, Event, HostInFlight, HostSource, KernelArg, KernelArgs, PinnedBuffer, Scope,
-    ScopedRead, ScopedStream, ScopedWrite, Stream, scope,
-};
-pub use transfer::{
-    CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,
-};
-pub use view::{DeviceSlice, DeviceSliceMut};
 
 /// The README's example, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

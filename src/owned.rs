@@ -1,7 +1,7 @@
 //! The owned layer: device memory that lives in a struct field for hours, with every rule of the
 //! borrowed layer kept.
 //!
-//! The borrowed layer ([`VirtualReservation`](crate::VirtualReservation), [`Region`](crate::Region),
+//! The borrowed layer ([`VirtualReservation`](crate::VirtualReservation), [`Region`](crate::vmm::Region),
 //! [`Mapping`](crate::Mapping), [`Access`](crate::Access)) proves the driver's ordering rules with
 //! lifetimes: a mapping borrows its reservation and its memory, so it cannot be stored beside them in
 //! one struct. The owned layer holds the same driver objects by ownership instead, as std's `OwnedFd`

@@ -18,8 +18,12 @@ use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::sys;
 
 mod guards;
+pub(crate) mod transfer;
 
 use guards::GuardCounts;
+pub use transfer::{
+    CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,
+};
 
 /// Proof that the driver reported `from` able to access `to`'s memory directly: the only way to get
 /// one is [`can_access_peer`], and [`PeerAccess::enable`] requires one, so enabling access without

@@ -1,5 +1,9 @@
 //! Typed, non-owning views of device memory and the synchronous copies between them and the host.
 
+pub(crate) mod buffer;
+
+pub use buffer::DeviceBuffer;
+
 use core::ffi::c_void;
 use core::fmt;
 use core::marker::PhantomData;
@@ -40,7 +44,7 @@ impl Reach<'_> {
 
 /// A read-only view of `len` values of `T` in device memory, reachable from the device of its context.
 ///
-/// Made from an [`Access`](crate::Access) or a [`DeviceBuffer`](crate::DeviceBuffer); it borrows what it
+/// Made from an [`Access`](crate::Access) or a [`DeviceBuffer`]; it borrows what it
 /// views, so it cannot outlive the mapping or buffer. `T` is plain data ([`Pod`]): any bytes the device
 /// holds are a valid `T`. A view has no write method; [`DeviceSliceMut`] has.
 ///
@@ -63,7 +67,7 @@ pub struct DeviceSlice<'mem, T> {
 /// A writable view of `len` values of `T` in device memory, reachable from the device of its context.
 ///
 /// Exclusive over its virtual range, like `&mut [T]`: made only from a
-/// [`ReadWrite`](crate::ReadWrite) grant or a [`DeviceBuffer`](crate::DeviceBuffer) borrowed mutably.
+/// [`ReadWrite`](crate::ReadWrite) grant or a [`DeviceBuffer`] borrowed mutably.
 /// One physical allocation mapped twice (an alias) is reached through two ranges, so two such views
 /// can reach the same bytes; device bytes are never Rust memory and every `T` is plain data, so that
 /// is a data race on the device, not undefined behaviour in Rust (see the README on aliases).

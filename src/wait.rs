@@ -1,6 +1,6 @@
 //! The one wait that cannot come back early: every path of this crate that must not return while
 //! work may still run waits here. That is both scopes' ends, the ends of
-//! [`ScopedAccess`](crate::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous
+//! [`ScopedAccess`](crate::vmm::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous
 //! copy and memset, the staged copy, the synchronous launch, and the public `synchronize` methods.
 //!
 //! # Why a plain wait is not enough

@@ -5,8 +5,8 @@
 mod common;
 
 use cuda_vmm::{
-    Granularity, PhysicalAllocation, ReadOnly, ReadWrite, Region, VirtualReservation,
-    allocation_granularity,
+    Granularity, PhysicalAllocation, ReadOnly, ReadWrite, VirtualReservation,
+    allocation_granularity, vmm::Region,
 };
 
 const THREADS: usize = 16;

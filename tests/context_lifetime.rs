@@ -14,8 +14,8 @@ use std::sync::{Mutex, PoisonError};
 use core::ffi::c_void;
 
 use cuda_vmm::{
-    Context, CopyPath, DeviceBuffer, DriverError, Module, PeerAccess, Route, Staging,
-    can_access_peer, copy_between_with,
+    Context, DeviceBuffer, DriverError, Module, PeerAccess, peer::CopyPath, peer::Route,
+    peer::Staging, peer::can_access_peer, peer::copy_between_with,
 };
 
 /// The tests each need to be the only holders of the primary contexts they look at.

@@ -22,7 +22,7 @@ use common::{devices_or_skip, gpus_or_skip, pattern, skip};
 use cuda_vmm::interop::cudarc::scope;
 use cuda_vmm::{
     Context, DeviceBuffer, Error, Granularity, PinnedBuffer, ReadWrite, Stream, VirtualBuffer,
-    allocation_granularity, can_access_peer,
+    allocation_granularity, peer::can_access_peer,
 };
 use cudarc::driver::{CudaContext, CudaFunction, DriverError, LaunchConfig, PushKernelArg, sys};
 
@@ -76,7 +76,7 @@ fn kernel_or_skip(test: &str, ctx: &Arc<CudaContext>, name: &str) -> Option<Cuda
             skip(&format!(
                 "SKIPPED {test} (NVRTC part): this NVRTC writes PTX newer than the driver \
                  (API {:?}) loads: {e}",
-                cuda_vmm::driver_version()
+                cuda_vmm::device::driver_version()
             ));
             None
         }

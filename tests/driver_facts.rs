@@ -9,8 +9,8 @@ use common::code_name as name;
 use core::ffi::c_void;
 
 use cuda_vmm::{
-    Access, AccessMode, Context, Device, DriverError, Granularity, Mapping, PhysicalAllocation,
-    ReadWrite, VirtualReservation, allocation_granularity,
+    Access, Context, Device, DriverError, Granularity, Mapping, PhysicalAllocation, ReadWrite,
+    VirtualReservation, allocation_granularity, vmm::AccessMode,
 };
 
 #[repr(C)]

@@ -7,7 +7,7 @@ mod common;
 
 use common::{code_name as name, pattern, primary_active, raw_enable_peer};
 
-use cuda_vmm::{Context, DeviceBuffer, DriverError, PeerAccess, can_access_peer};
+use cuda_vmm::{Context, DeviceBuffer, DriverError, PeerAccess, peer::can_access_peer};
 
 #[test]
 fn forgotten_guard_keeps_its_direction_enabled() {

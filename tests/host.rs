@@ -9,8 +9,8 @@
 mod common;
 
 use cuda_vmm::{
-    Context, Device, DeviceBuffer, DriverError, Error, Granularity, HostAllocation, ReadOnly,
-    ReadWrite, VirtualReservation, allocation_granularity,
+    Context, Device, DeviceBuffer, DriverError, Error, Granularity, ReadOnly, ReadWrite,
+    VirtualReservation, allocation_granularity, host::HostAllocation,
 };
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

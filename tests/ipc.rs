@@ -19,8 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cuda_vmm::{
-    Context, Device, DriverError, Error, ExportInfo, ExportedAllocation, Fabric, Granularity,
-    PosixFd, ReadWrite, ShareableAllocation, VirtualReservation, allocation_granularity,
+    Context, Device, DriverError, Error, Granularity, ReadWrite, VirtualReservation,
+    allocation_granularity, ipc::ExportInfo, ipc::ExportedAllocation, ipc::Fabric, ipc::PosixFd,
+    ipc::ShareableAllocation,
 };
 
 const CHILD: &str = "CUDA_VMM_IPC_CHILD";
@@ -462,7 +463,10 @@ fn child_grants_second_gpu() {
         .unwrap()
         .import()
         .unwrap();
-    assert_eq!(memory.location(), cuda_vmm::Location::Device(gpus[0].0));
+    assert_eq!(
+        memory.location(),
+        cuda_vmm::vmm::Location::Device(gpus[0].0)
+    );
     let size = memory.size();
     let mut reservation = VirtualReservation::new(size, 0).unwrap();
     let mut region = reservation.region();

@@ -11,7 +11,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use cuda_vmm::{Error, ExportInfo, ExportedAllocation};
+use cuda_vmm::{Error, ipc::ExportInfo, ipc::ExportedAllocation};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 /// Sends `bytes` with `fds` as `SCM_RIGHTS` in one message, as a misbehaving peer could.

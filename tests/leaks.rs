@@ -7,7 +7,8 @@ mod common;
 
 use cuda_vmm::{
     Context, Device, DeviceBuffer, DriverError, Error, Granularity, PeerAccess, PhysicalAllocation,
-    ReadOnly, ReadWrite, VirtualReservation, align_size, allocation_granularity, can_access_peer,
+    ReadOnly, ReadWrite, VirtualReservation, align_size, allocation_granularity,
+    peer::can_access_peer,
 };
 
 // The driver's own symbol with an integer result, for what the safe API cannot (and must not) do.

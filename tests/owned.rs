@@ -10,8 +10,9 @@ mod common;
 
 use common::{gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
-    Context, Device, DriverError, Error, Granularity, OwnedMapping, PageInfo, PhysicalAllocation,
-    ReadOnly, ReadWrite, SharedReservation, VirtualBuffer, align_size, allocation_granularity,
+    Context, Device, DriverError, Error, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
+    VirtualBuffer, align_size, allocation_granularity, owned::OwnedMapping, owned::PageInfo,
+    owned::SharedReservation,
 };
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
@@ -47,7 +48,7 @@ fn fill(buffer: &mut VirtualBuffer, offset: usize, bytes: usize, seed: u32) {
 }
 
 /// Asserts that the `bytes` bytes at `offset` hold the pattern of `seed`.
-fn holds<M: cuda_vmm::AccessMode>(
+fn holds<M: cuda_vmm::vmm::AccessMode>(
     buffer: &VirtualBuffer<M>,
     offset: usize,
     bytes: usize,
@@ -633,10 +634,10 @@ fn striped_round(devices: &[Device]) {
         &mut dst.slice_bytes_mut_on::<u32>(devices[0], ..page).unwrap(),
         &src.slice_bytes_on::<u32>(devices[1], page..2 * page)
             .unwrap(),
-        cuda_vmm::Route::Direct,
+        cuda_vmm::peer::Route::Direct,
     )
     .unwrap();
-    assert_eq!(path, cuda_vmm::CopyPath::Direct);
+    assert_eq!(path, cuda_vmm::peer::CopyPath::Direct);
     assert!(
         dst.slice_bytes::<u32>(..page).unwrap().to_vec().unwrap() == data[page / 4..2 * page / 4],
         "the second page of the source, now first in the destination"
@@ -672,7 +673,7 @@ struct Engine {
 /// own, drops the scratch mappings and hands the weights back.
 fn engine_on_another_thread(mut engine: Engine, seed: u32) -> OwnedMapping {
     let device = match engine.weights.memory().location() {
-        cuda_vmm::Location::Device(device) => device,
+        cuda_vmm::vmm::Location::Device(device) => device,
         other => panic!("weights in {other:?}"),
     };
     let ctx = Context::new(device).unwrap();

@@ -5,9 +5,10 @@ mod common;
 
 use common::{add_one, gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
-    Context, CopyPath, DeviceBuffer, Error, Granularity, PeerAccess, PhysicalAllocation, ReadWrite,
-    Route, STAGING_CHUNK_BYTES, Staging, VirtualReservation, allocation_granularity,
-    can_access_peer, copy_between, copy_between_with, p2p_attributes,
+    Context, DeviceBuffer, Error, Granularity, PeerAccess, PhysicalAllocation, ReadWrite,
+    VirtualReservation, allocation_granularity, copy_between, peer::CopyPath, peer::Route,
+    peer::STAGING_CHUNK_BYTES, peer::Staging, peer::can_access_peer, peer::copy_between_with,
+    peer::p2p_attributes,
 };
 
 #[test]
@@ -119,7 +120,7 @@ fn peer_queries_on_one_device_change_nothing() {
 /// A device with its primary context.
 type Gpu = (cuda_vmm::Device, Context);
 /// Two devices, as indices into the list of [`Gpu`]s, and the link from the first to the second.
-type LinkedPair = (usize, usize, cuda_vmm::PeerLink);
+type LinkedPair = (usize, usize, cuda_vmm::peer::PeerLink);
 
 /// Every device with its context, and every ordered pair of distinct devices (as indices) with its
 /// peer link, where the driver reports one. The pairs without one are reported visibly; with fewer

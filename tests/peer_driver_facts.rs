@@ -8,7 +8,7 @@ use common::{code_name as name, raw_disable_peer, raw_enable_peer};
 
 use cuda_vmm::{
     Context, DeviceBuffer, DriverError, Granularity, PeerAccess, PhysicalAllocation, ReadWrite,
-    VirtualReservation, allocation_granularity, can_access_peer,
+    VirtualReservation, allocation_granularity, peer::can_access_peer,
 };
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.

@@ -4,12 +4,15 @@
 use core::mem::size_of;
 
 use cuda_vmm::{
-    Access, AllocationOptions, Context, CopyPath, Device, DeviceBuffer, DeviceSlice,
-    DeviceSliceMut, DriverError, Error, Function, Granularity, Location, Mapping, Module,
-    P2PAttributes, PeerAccess, PeerLink, PhysicalAllocation, ReadOnly, ReadWrite, Region, Route,
-    ScopedAccess, VirtualReservation,
+    Access, Context, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, DriverError, Error,
+    Granularity, Mapping, Module, PeerAccess, PhysicalAllocation, ReadOnly, ReadWrite,
+    VirtualReservation, module::Function, peer::CopyPath, peer::P2PAttributes, peer::PeerLink,
+    peer::Route, vmm::AllocationOptions, vmm::Location, vmm::Region, vmm::ScopedAccess,
 };
-use cuda_vmm::{BufferStats, OwnedMapping, PageInfo, SharedReservation, VirtualBuffer};
+use cuda_vmm::{
+    VirtualBuffer, owned::BufferStats, owned::OwnedMapping, owned::PageInfo,
+    owned::SharedReservation,
+};
 use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
 
 // Owned driver objects move between threads and are shared by reference: the driver API is
@@ -108,8 +111,8 @@ assert_eq_size!(ReadWrite, ());
 assert_eq_size!(ReadOnly, ());
 
 // Staging memory is owned outright and has no thread affinity.
-assert_impl_all!(cuda_vmm::Staging: Send, Sync);
-assert_not_impl_any!(cuda_vmm::Staging: Clone, Copy);
+assert_impl_all!(cuda_vmm::peer::Staging: Send, Sync);
+assert_not_impl_any!(cuda_vmm::peer::Staging: Clone, Copy);
 
 // The owned layer: a buffer owns its reservation, pages and contexts outright, so it has no lifetime,
 // moves between threads and is shared by reference (its views are the shared view types above). It
@@ -135,19 +138,22 @@ const _: () = owned_outright::<OwnedMapping>();
 const _: () = owned_outright::<SharedReservation>();
 // Host memory and memory shared between processes: owned allocations move between threads like any
 // other; the CPU grant is an exclusive borrow of the mapped bytes (`&mut [u8]`), so Send and Sync.
-assert_impl_all!(cuda_vmm::HostAllocation: Send, Sync);
-assert_impl_all!(cuda_vmm::HostMapping<'static, 'static>: Send, Sync);
-assert_impl_all!(cuda_vmm::HostAccess<'static, ReadWrite>: Send, Sync);
-assert_not_impl_any!(cuda_vmm::HostAllocation: Clone, Copy);
-assert_not_impl_any!(cuda_vmm::HostMapping<'static, 'static>: Clone, Copy);
-assert_not_impl_any!(cuda_vmm::HostAccess<'static, ReadWrite>: Clone, Copy);
+assert_impl_all!(cuda_vmm::host::HostAllocation: Send, Sync);
+assert_impl_all!(cuda_vmm::host::HostMapping<'static, 'static>: Send, Sync);
+assert_impl_all!(cuda_vmm::host::HostAccess<'static, ReadWrite>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::host::HostAllocation: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::host::HostMapping<'static, 'static>: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::host::HostAccess<'static, ReadWrite>: Clone, Copy);
 // A host mapping is the mapping plus its address, size and location; the CPU grant is the address
 // and size only.
-assert_eq_size!(cuda_vmm::HostAccess<'static, ReadWrite>, RawRange);
+assert_eq_size!(cuda_vmm::host::HostAccess<'static, ReadWrite>, RawRange);
 #[cfg(unix)]
 mod shared {
     use super::*;
-    use cuda_vmm::{ExportInfo, ExportedAllocation, Fabric, PosixFd, ShareableAllocation};
+    use cuda_vmm::{
+        ipc::ExportInfo, ipc::ExportedAllocation, ipc::Fabric, ipc::PosixFd,
+        ipc::ShareableAllocation,
+    };
     assert_impl_all!(ShareableAllocation<PosixFd>: Send, Sync);
     assert_impl_all!(ShareableAllocation<Fabric>: Send, Sync);
     assert_impl_all!(ExportedAllocation: Send, Sync);
@@ -167,16 +173,16 @@ assert_impl_all!(cuda_vmm::PinnedBuffer<u32>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::Stream: Clone, Copy);
 assert_not_impl_any!(cuda_vmm::Event: Clone, Copy);
 assert_not_impl_any!(cuda_vmm::PinnedBuffer<u32>: Clone, Copy);
-assert_impl_all!(cuda_vmm::Scope<'static, 'static>: Send, Sync);
-assert_not_impl_any!(cuda_vmm::Scope<'static, 'static>: Clone, Copy);
-assert_impl_all!(cuda_vmm::ScopedStream<'static>: Send, Sync, Copy);
-assert_eq_size!(cuda_vmm::ScopedStream<'static>, &cuda_vmm::Stream);
-assert_impl_all!(cuda_vmm::HostInFlight<'static, u32>: Send, Sync, Copy);
+assert_impl_all!(cuda_vmm::stream::Scope<'static, 'static>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::Scope<'static, 'static>: Clone, Copy);
+assert_impl_all!(cuda_vmm::stream::ScopedStream<'static>: Send, Sync, Copy);
+assert_eq_size!(cuda_vmm::stream::ScopedStream<'static>, &cuda_vmm::Stream);
+assert_impl_all!(cuda_vmm::stream::HostInFlight<'static, u32>: Send, Sync, Copy);
 // What a queued device write hands back is a `Copy` handle, as the `DeviceSlice` it wraps, and the same
 // size: the view, and nothing more.
-assert_impl_all!(cuda_vmm::DeviceInFlight<'static, u32>: Send, Sync, Copy);
+assert_impl_all!(cuda_vmm::stream::DeviceInFlight<'static, u32>: Send, Sync, Copy);
 assert_eq_size!(
-    cuda_vmm::DeviceInFlight<'static, u32>,
+    cuda_vmm::stream::DeviceInFlight<'static, u32>,
     DeviceSlice<'static, u32>
 );
 // The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
     Context, DeviceBuffer, Error, Event, Granularity, Module, PhysicalAllocation, PinnedBuffer,
-    ReadWrite, Stream, VirtualReservation, allocation_granularity, can_access_peer,
+    ReadWrite, Stream, VirtualReservation, allocation_granularity, peer::can_access_peer,
 };
 
 /// `spin_add_one(u32 *dst, const u32 *src, u32 n, u64 ns)`: waits `ns` nanoseconds, then

@@ -56,10 +56,10 @@ use std::{
 use common::{gpu_or_skip, pattern, skip};
 #[cfg(feature = "cudarc")]
 use cuda_vmm::{
-    Context, CopyPath, Device, DeviceBuffer, Event, Granularity, HostAllocation, Module,
-    PhysicalAllocation, PinnedBuffer, ReadOnly, ReadWrite, Route, STAGING_CHUNK_BYTES, Staging,
-    Stream, VirtualBuffer, VirtualReservation, allocation_granularity, copy_between_with,
-    interop::cudarc::scope,
+    Context, Device, DeviceBuffer, Event, Granularity, Module, PhysicalAllocation, PinnedBuffer,
+    ReadOnly, ReadWrite, Stream, VirtualBuffer, VirtualReservation, allocation_granularity,
+    host::HostAllocation, interop::cudarc::scope, peer::CopyPath, peer::Route,
+    peer::STAGING_CHUNK_BYTES, peer::Staging, peer::copy_between_with,
 };
 #[cfg(feature = "cudarc")]
 use cudarc::driver::{

@@ -44,7 +44,7 @@ fn finish(example: &str, result: ExampleResult, with_cause: bool) -> ExitCode {
 /// `nothing_to_do` says what the example cannot do without a device, in the line
 /// "no CUDA device found: `nothing_to_do` on this machine."
 pub(crate) fn devices_or_none(nothing_to_do: &str) -> ExampleResult<Option<Vec<Device>>> {
-    match cuda_vmm::driver_version() {
+    match cuda_vmm::device::driver_version() {
         Ok(v) => println!(
             "  checked: the CUDA driver library loads (driver API {}.{})",
             v / 1000,

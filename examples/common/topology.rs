@@ -4,8 +4,8 @@
 //! Written for any number of devices: every table has one row per device or per ordered pair.
 
 use cuda_vmm::{
-    Device, Error, Granularity, P2PAttributes, allocation_granularity, can_access_peer,
-    p2p_attributes,
+    Device, Error, Granularity, allocation_granularity, peer::P2PAttributes, peer::can_access_peer,
+    peer::p2p_attributes,
 };
 
 /// Prints the per-device table and, with two or more devices, the peer-access matrix, a line on

@@ -82,7 +82,7 @@
 //!   copy is still running when it returns (`tests/cudarc.rs` shows it), and reading that memory
 //!   before the scope returns is a data race that neither crate prevents. Copy into pageable memory
 //!   (a `Vec`) with cudarc, or into a `PinnedBuffer` with this crate's
-//!   [`ScopedStream::copy_to_host`](crate::ScopedStream::copy_to_host), whose borrow lasts until the
+//!   [`ScopedStream::copy_to_host`](crate::stream::ScopedStream::copy_to_host), whose borrow lasts until the
 //!   scope has waited.
 //! - **A capture begun and ended by another thread between a lent view's check and cudarc's
 //!   enqueue.** A lent view gives its address only while the scope's stream is not capturing, and
@@ -121,11 +121,11 @@ use bytemuck::Pod;
 
 use crate::device::{Context, Device};
 use crate::error::{DriverResult, Error, check};
-use crate::physical::{Granularity, align_size, allocation_granularity};
-use crate::reservation::VirtualReservation;
 use crate::stream::{ScopedRead, ScopedWrite};
 use crate::sys;
 use crate::view::DeviceSlice;
+use crate::vmm::physical::{Granularity, align_size, allocation_granularity};
+use crate::vmm::reservation::VirtualReservation;
 use crate::wait;
 
 /// `cuStreamSynchronize` on `stream` when `f` returns — lend views to work queued on a cudarc
@@ -198,7 +198,7 @@ where
 /// that stream before [`scope`] returns.
 ///
 /// # Lifetimes
-/// As [`crate::Scope`]: `'scope` is the scope itself (until the stream has been waited for), `'env`
+/// As [`crate::stream::Scope`]: `'scope` is the scope itself (until the stream has been waited for), `'env`
 /// what it borrows from outside (the stream, the views). Both are invariant.
 pub struct Scope<'scope, 'env: 'scope> {
     state: State<'scope>,
@@ -280,7 +280,7 @@ impl<'scope> Scope<'scope, '_> {
 
     /// Lends `view` for reading to the work queued on the scope's stream, for the rest of the scope:
     /// a `DeviceSlice<'scope, T>`, a `&'scope DeviceSlice<'_, T>`, a `&'scope DeviceSliceMut<'_, T>`
-    /// or the [`DeviceInFlight`](crate::DeviceInFlight) of a write queued in an enclosing
+    /// or the [`DeviceInFlight`](crate::stream::DeviceInFlight) of a write queued in an enclosing
     /// [`crate::scope`], which the caller orders before the work on this stream ([`ScopedRead`]).
     ///
     /// # Errors
@@ -497,7 +497,7 @@ pub struct LentMut<'scope, T> {
     ptr: u64,
     never_mapped: u64,
     /// The writable view's memory, lent exclusively for the scope (seen as read-only, as a queued
-    /// write of [`crate::ScopedStream`] returns it).
+    /// write of [`crate::stream::ScopedStream`] returns it).
     view: DeviceSlice<'scope, T>,
     state: &'scope State<'scope>,
 }

@@ -7,14 +7,14 @@ use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
-use crate::access::set_access;
-use crate::access::{AccessMode, Contexts, ReadWrite, elements};
 use crate::device::{Context, Device};
 use crate::error::{DriverError, DriverResult, Error, check, first_error};
-use crate::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
-use crate::reservation::VirtualReservation;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach, range_bounds};
+use crate::vmm::access::set_access;
+use crate::vmm::access::{AccessMode, Contexts, ReadWrite, elements};
+use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
+use crate::vmm::reservation::VirtualReservation;
 
 use super::pages::{Span, check_covered, check_new_range, insertion_point, pages_inside};
 

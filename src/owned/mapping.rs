@@ -4,13 +4,13 @@
 use core::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::access::{Access, AccessMode, ScopedAccess};
 use crate::device::Context;
 use crate::error::{Error, check};
-use crate::mapped::{Backing, MappedRange};
-use crate::physical::PhysicalAllocation;
-use crate::reservation::VirtualReservation;
 use crate::sys;
+use crate::vmm::access::{Access, AccessMode, ScopedAccess};
+use crate::vmm::mapped::{Backing, MappedRange};
+use crate::vmm::physical::PhysicalAllocation;
+use crate::vmm::reservation::VirtualReservation;
 
 use super::pages::{Span, check_new_range, insertion_point};
 
@@ -191,7 +191,7 @@ impl SharedReservation {
 ///
 /// # Examples
 /// ```no_run
-/// use cuda_vmm::{Context, Device, OwnedMapping, PhysicalAllocation, ReadWrite, SharedReservation};
+/// use cuda_vmm::{Context, Device, owned::OwnedMapping, PhysicalAllocation, ReadWrite, owned::SharedReservation};
 ///
 /// # fn main() -> Result<(), cuda_vmm::Error> {
 /// let device = Device::get(0)?;
@@ -211,7 +211,7 @@ impl SharedReservation {
 ///
 /// No lifetime, but its views borrow it, so it cannot be unmapped under them:
 /// ```compile_fail,E0505
-/// # use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, SharedReservation};
+/// # use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, owned::SharedReservation};
 /// # fn main() -> Result<(), cuda_vmm::Error> {
 /// # let device = Device::get(0)?;
 /// # let context = Context::new(device)?;
@@ -291,11 +291,11 @@ impl OwnedMapping {
     /// # Errors
     /// As [`Mapping::grant`](crate::Mapping::grant).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant<'a, M: AccessMode>(
-        &'a mut self,
-        context: &'a Context,
+    pub fn grant<'map, M: AccessMode>(
+        &'map mut self,
+        context: &'map Context,
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.range.grant(context, mode)
     }
 
@@ -305,11 +305,11 @@ impl OwnedMapping {
     /// # Errors
     /// As [`Mapping::grant_all`](crate::Mapping::grant_all).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_all<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub fn grant_all<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.range.grant_all(contexts, mode)
     }
 
@@ -319,7 +319,7 @@ impl OwnedMapping {
     ///
     /// # Examples
     /// ```no_run
-    /// use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, SharedReservation};
+    /// use cuda_vmm::{Context, Device, PhysicalAllocation, ReadWrite, owned::SharedReservation};
     ///
     /// # fn main() -> Result<(), cuda_vmm::Error> {
     /// let device = Device::get(0)?;
@@ -340,11 +340,11 @@ impl OwnedMapping {
     /// # Errors
     /// As [`Mapping::grant_scoped`](crate::Mapping::grant_scoped).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_scoped<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub fn grant_scoped<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'a, M>, Error> {
+    ) -> Result<ScopedAccess<'map, M>, Error> {
         self.range.grant_scoped(contexts, mode)
     }
 

@@ -5,7 +5,7 @@
 use core::ops::Range;
 
 use crate::error::Error;
-use crate::physical::check_multiple;
+use crate::vmm::physical::check_multiple;
 
 /// The bytes a page covers, `[start, end)`, and whether it is granted: what the bookkeeping below
 /// reads of a page (so that it can be tested without a driver).

@@ -71,7 +71,7 @@ use super::pinned::PinnedBuffer;
 /// sticky: the work queued before runs on. That happens on a stream that is capturing a graph,
 /// and, in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So
 /// every wait of this crate (this scope's, cudarc's scope's, the ends of
-/// [`ScopedAccess`](crate::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
+/// [`ScopedAccess`](crate::vmm::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
 /// wait that holds:
 /// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
 ///   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,

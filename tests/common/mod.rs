@@ -39,8 +39,8 @@ pub fn devices_or_skip(test: &str, needed: usize) -> Option<Vec<Device>> {
     match cuda_vmm::init() {
         Ok(()) => {}
         Err(e) if e.is_no_gpu() => {
-            let version =
-                cuda_vmm::driver_version().map_or_else(|e| e.to_string(), |v| v.to_string());
+            let version = cuda_vmm::device::driver_version()
+                .map_or_else(|e| e.to_string(), |v| v.to_string());
             skip(&format!(
                 "SKIPPED {test}: no CUDA device (driver library API version {version}; cuInit: {e})"
             ));

@@ -2,7 +2,7 @@
 //! Prevents: a `&mut [T]` of bytes that a second mapping's device view can write meanwhile.
 //! Expected: E0502 (`memory` borrowed shared while borrowed mutably).
 
-use cuda_vmm::{Device, Error, Granularity, HostAllocation, ReadWrite, VirtualReservation};
+use cuda_vmm::{Device, Error, Granularity, host::HostAllocation, ReadWrite, VirtualReservation};
 
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;

@@ -2,7 +2,7 @@
 //! Prevents: a device write racing a Rust `&mut [T]` of the same bytes (undefined behaviour).
 //! Expected: E0499 (`mapping` borrowed mutably twice).
 
-use cuda_vmm::{Context, Device, Error, Granularity, HostAllocation, ReadWrite, VirtualReservation};
+use cuda_vmm::{Context, Device, Error, Granularity, host::HostAllocation, ReadWrite, VirtualReservation};
 
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;

@@ -2,7 +2,7 @@
 //! Prevents: CPU reads and writes of a range whose grant has ended (and may be unmapped next).
 //! Expected: E0505 (move out of `cpu` while borrowed).
 
-use cuda_vmm::{Device, Error, Granularity, HostAllocation, ReadWrite, VirtualReservation};
+use cuda_vmm::{Device, Error, Granularity, host::HostAllocation, ReadWrite, VirtualReservation};
 
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;

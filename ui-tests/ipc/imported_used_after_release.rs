@@ -4,7 +4,7 @@
 
 use std::os::unix::net::UnixStream;
 
-use cuda_vmm::{Error, ExportedAllocation, VirtualReservation};
+use cuda_vmm::{Error, ipc::ExportedAllocation, VirtualReservation};
 
 fn map_received(socket: &UnixStream) -> Result<(), Error> {
     let memory = ExportedAllocation::receive(socket)?.import()?;

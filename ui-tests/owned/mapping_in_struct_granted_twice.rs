@@ -2,7 +2,7 @@
 //! Prevents: a read-only grant widened (cuMemSetAccess again) under the views of the first grant.
 //! Expected: E0499 (`engine.mapping` borrowed mutably twice).
 
-use cuda_vmm::{Context, Device, Error, OwnedMapping, PhysicalAllocation, ReadOnly, ReadWrite, SharedReservation};
+use cuda_vmm::{Context, Device, Error, owned::OwnedMapping, PhysicalAllocation, ReadOnly, ReadWrite, owned::SharedReservation};
 
 struct Engine {
     mapping: OwnedMapping,

@@ -2,7 +2,7 @@
 //! Prevents: a second cuMemUnmap of the range, which the driver does not catch (it may unmap another mapping's range).
 //! Expected: E0382 (use of moved value `mapping`).
 
-use cuda_vmm::{Device, Error, PhysicalAllocation, SharedReservation};
+use cuda_vmm::{Device, Error, PhysicalAllocation, owned::SharedReservation};
 
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;

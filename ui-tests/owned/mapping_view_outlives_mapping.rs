@@ -2,7 +2,7 @@
 //! Prevents: copies through a view after cuMemUnmap and cuMemRelease of the owned memory (use after unmap).
 //! Expected: E0505 (move out of `mapping` while the view borrows it).
 
-use cuda_vmm::{Context, Device, Error, PhysicalAllocation, ReadWrite, SharedReservation};
+use cuda_vmm::{Context, Device, Error, PhysicalAllocation, ReadWrite, owned::SharedReservation};
 
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;

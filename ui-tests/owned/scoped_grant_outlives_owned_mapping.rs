@@ -2,7 +2,7 @@
 //! Prevents: the grant's revoking cuMemSetAccess on a range already unmapped (and views of it).
 //! Expected: E0505 (move out of `mapping` while borrowed).
 
-use cuda_vmm::{Context, Device, Error, PhysicalAllocation, ReadWrite, SharedReservation};
+use cuda_vmm::{Context, Device, Error, PhysicalAllocation, ReadWrite, owned::SharedReservation};
 
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;

@@ -2,7 +2,7 @@
 //! Prevents: a copy over the peer link after the grant that opened the source to the destination was revoked.
 //! Expected: E0505 (move out of `scoped` while borrowed).
 
-use cuda_vmm::{Context, Device, DeviceBuffer, Error, PhysicalAllocation, ReadWrite, Route, VirtualReservation};
+use cuda_vmm::{Context, Device, DeviceBuffer, Error, PhysicalAllocation, ReadWrite, peer::Route, VirtualReservation};
 
 fn main() -> Result<(), Error> {
     let (gpu0, gpu1) = (Context::new(Device::get(0)?)?, Context::new(Device::get(1)?)?);

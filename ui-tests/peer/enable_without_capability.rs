@@ -2,7 +2,7 @@
 //! Prevents: cuCtxEnablePeerAccess without having asked cuDeviceCanAccessPeer (PEER_ACCESS_UNSUPPORTED).
 //! Expected: E0451 (fields of `PeerLink` are private).
 
-use cuda_vmm::{Context, Device, Error, PeerAccess, PeerLink};
+use cuda_vmm::{Context, Device, Error, PeerAccess, peer::PeerLink};
 
 fn main() -> Result<(), Error> {
     let ctx0 = Context::new(Device::get(0)?)?;

@@ -2,7 +2,7 @@
 //! Prevents: a cuMemcpyDtoD (or a staged copy) outside the scope's streams reading bytes the queued memset is still writing.
 //! Expected: E0308 (a `DeviceInFlight` is not a `&DeviceSlice`).
 
-use cuda_vmm::{Context, Device, DeviceBuffer, Error, Route, Stream};
+use cuda_vmm::{Context, Device, DeviceBuffer, Error, peer::Route, Stream};
 
 fn main() -> Result<(), Error> {
     let context = Context::new(Device::get(0)?)?;

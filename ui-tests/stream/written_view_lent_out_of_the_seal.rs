@@ -2,7 +2,7 @@
 //! Prevents: `written.lend().to_vec()`: a synchronous cuMemcpyDtoH reading bytes the queued copy is still writing.
 //! Expected: E0061 (`lend` takes the crate's token, which user code cannot name or make).
 
-use cuda_vmm::{Context, Device, DeviceBuffer, Error, PinnedBuffer, ScopedRead, Stream};
+use cuda_vmm::{Context, Device, DeviceBuffer, Error, PinnedBuffer, stream::ScopedRead, Stream};
 
 fn main() -> Result<(), Error> {
     let context = Context::new(Device::get(0)?)?;

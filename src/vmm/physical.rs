@@ -20,7 +20,7 @@ pub enum Granularity {
 }
 
 /// Where a physical allocation lives: device memory, or host memory (CUDA 12.2 and later; see
-/// [`HostAllocation`](crate::HostAllocation) for memory the CPU reads and writes as Rust slices).
+/// [`HostAllocation`](crate::host::HostAllocation) for memory the CPU reads and writes as Rust slices).
 /// `#[non_exhaustive]`: the driver has more kinds of location than this crate offers.
 ///
 /// `CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT` has no variant: `cuMemCreate` refuses it
@@ -60,7 +60,7 @@ impl Location {
 }
 
 /// How to allocate physical memory: the location, and (set by
-/// [`ShareableAllocation`](crate::ShareableAllocation) only) the handle types it can be exported as.
+/// [`ShareableAllocation`](crate::ipc::ShareableAllocation) only) the handle types it can be exported as.
 /// `#[non_exhaustive]` leaves room for allocation flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -207,10 +207,10 @@ pub(crate) fn check_multiple(
 }
 
 /// Physical memory: a `CUmemGenericAllocationHandle` from `cuMemCreate` (or imported from another
-/// process: [`ExportedAllocation::import`](crate::ExportedAllocation::import)), released on drop.
+/// process: [`ExportedAllocation::import`](crate::ipc::ExportedAllocation::import)), released on drop.
 ///
 /// Physical memory has no address. To use it, map it into a [`VirtualReservation`](crate::VirtualReservation)
-/// with [`Region::map`](crate::Region::map) and grant access with [`Mapping::grant`](crate::Mapping::grant).
+/// with [`Region::map`](crate::vmm::Region::map) and grant access with [`Mapping::grant`](crate::Mapping::grant).
 /// Every [`Mapping`](crate::Mapping) borrows the allocation it maps, so the allocation cannot be dropped,
 /// released or moved while it is mapped. The same allocation may be mapped at several addresses.
 pub struct PhysicalAllocation {

@@ -17,7 +17,7 @@ pub enum Route {
     /// [`DeviceSlice::reachable_from`]), [`CopyPath::Staged`] otherwise. Between two devices the
     /// direct path is taken only where access is open (a grant that names the other device, or a peer
     /// view under a [`PeerAccess`](crate::PeerAccess) guard): a device that merely *could* access the
-    /// other ([`can_access_peer`](crate::can_access_peer)) but has no access yet gets the staged path,
+    /// other ([`can_access_peer`](crate::peer::can_access_peer)) but has no access yet gets the staged path,
     /// never the driver's own, slower staging.
     #[default]
     Auto,
@@ -93,7 +93,7 @@ pub const STAGING_CHUNK_BYTES: usize = 8 << 20;
 ///
 /// # Examples
 /// ```no_run
-/// use cuda_vmm::{Context, Device, DeviceBuffer, PeerAccess, Route, CopyPath, copy_between};
+/// use cuda_vmm::{Context, Device, DeviceBuffer, PeerAccess, peer::Route, peer::CopyPath, copy_between};
 ///
 /// # fn main() -> Result<(), cuda_vmm::Error> {
 /// let (gpu0, gpu1) = (Context::new(Device::get(0)?)?, Context::new(Device::get(1)?)?);

@@ -36,7 +36,7 @@ pub struct ReadWrite;
 /// Read-only access (`CU_MEM_ACCESS_FLAGS_PROT_READ`): views have no write methods.
 ///
 /// Read-only protects an address range, not bytes. The same physical allocation may also be mapped
-/// at another address (an alias: [`Region::map`](crate::Region::map) borrows the allocation shared)
+/// at another address (an alias: [`Region::map`](crate::vmm::Region::map) borrows the allocation shared)
 /// and granted [`ReadWrite`] there; writes through that alias, or by a kernel given its address,
 /// change what a read-only view of this range reads. A read-only view promises that nothing writes
 /// *through it*, not that its bytes stay the same; where they must, keep the allocation mapped only
@@ -57,23 +57,23 @@ impl AccessMode for ReadOnly {
 
 /// The contexts a grant was made for: one (the common case, without a slice to keep alive) or several.
 #[derive(Clone, Copy)]
-pub(crate) enum Contexts<'a> {
-    One(&'a Context),
+pub(crate) enum Contexts<'map> {
+    One(&'map Context),
     /// A non-empty list (made only by [`Contexts::many`]) and its first context.
     Many {
-        first: &'a Context,
-        all: &'a [&'a Context],
+        first: &'map Context,
+        all: &'map [&'map Context],
     },
 }
 
-impl<'a> Contexts<'a> {
+impl<'map> Contexts<'map> {
     /// The contexts of `all`; `None` for an empty list.
-    pub(crate) fn many(all: &'a [&'a Context]) -> Option<Contexts<'a>> {
+    pub(crate) fn many(all: &'map [&'map Context]) -> Option<Contexts<'map>> {
         all.first().map(|&first| Contexts::Many { first, all })
     }
 
-    pub(crate) fn iter(self) -> impl Iterator<Item = &'a Context> {
-        let (one, many): (Option<&'a Context>, &'a [&'a Context]) = match self {
+    pub(crate) fn iter(self) -> impl Iterator<Item = &'map Context> {
+        let (one, many): (Option<&'map Context>, &'map [&'map Context]) = match self {
             Contexts::One(c) => (Some(c), &[]),
             Contexts::Many { all, .. } => (None, all),
         };
@@ -81,14 +81,14 @@ impl<'a> Contexts<'a> {
     }
 
     /// The devices besides a view's own that reach the granted memory: every granted device.
-    fn reach(self) -> Reach<'a> {
+    fn reach(self) -> Reach<'map> {
         match self {
             Contexts::One(_) => Reach::NONE,
             Contexts::Many { all, .. } => Reach::Borrowed(all),
         }
     }
 
-    fn first(self) -> &'a Context {
+    fn first(self) -> &'map Context {
         match self {
             Contexts::One(c) | Contexts::Many { first: c, .. } => c,
         }
@@ -102,12 +102,12 @@ impl<'a> Contexts<'a> {
 /// driver allows it. A `ReadOnly` grant gives only [`DeviceSlice`]s, which have no write methods.
 ///
 /// # Lifetimes
-/// `'a` covers both the mutable borrow of the mapping and the borrow of the granted context(s): views
+/// `'map` covers both the mutable borrow of the mapping and the borrow of the granted context(s): views
 /// cannot outlive the mapping, and the context their copies run in stays retained.
-pub struct Access<'a, M: AccessMode> {
+pub struct Access<'map, M: AccessMode> {
     ptr: sys::CUdeviceptr,
     size: usize,
-    contexts: Contexts<'a>,
+    contexts: Contexts<'map>,
     /// The mode, at the type level only.
     _mode: PhantomData<M>,
 }
@@ -130,13 +130,13 @@ impl<M: AccessMode> fmt::Debug for Access<'_, M> {
     }
 }
 
-impl<'a, M: AccessMode> Access<'a, M> {
+impl<'map, M: AccessMode> Access<'map, M> {
     pub(crate) fn new(
         ptr: sys::CUdeviceptr,
         size: usize,
-        contexts: Contexts<'a>,
+        contexts: Contexts<'map>,
         _mode: M,
-    ) -> Access<'a, M> {
+    ) -> Access<'map, M> {
         Access {
             ptr,
             size,
@@ -183,7 +183,7 @@ impl<'a, M: AccessMode> Access<'a, M> {
         self.slice_through(self.context_of(device)?)
     }
 
-    fn context_of(&self, device: Device) -> Result<&'a Context, Error> {
+    fn context_of(&self, device: Device) -> Result<&'map Context, Error> {
         self.contexts
             .iter()
             .find(|c| c.device() == device)
@@ -193,7 +193,7 @@ impl<'a, M: AccessMode> Access<'a, M> {
             })
     }
 
-    fn slice_through<T: Pod>(&self, context: &'a Context) -> Result<DeviceSlice<'_, T>, Error> {
+    fn slice_through<T: Pod>(&self, context: &'map Context) -> Result<DeviceSlice<'_, T>, Error> {
         let len = elements::<T>(self.size)?;
         // `[ptr, ptr + size)` is mapped and granted to `context`'s device, and to every device of the
         // grant, for as long as `self` is borrowed.
@@ -206,7 +206,7 @@ impl<'a, M: AccessMode> Access<'a, M> {
     }
 }
 
-impl<'a> Access<'a, ReadWrite> {
+impl<'map> Access<'map, ReadWrite> {
     /// The whole granted range as a writable slice of `T`, copied through the first granted context.
     ///
     /// # Errors
@@ -228,7 +228,7 @@ impl<'a> Access<'a, ReadWrite> {
 
     fn slice_mut_through<T: Pod>(
         &mut self,
-        context: &'a Context,
+        context: &'map Context,
     ) -> Result<DeviceSliceMut<'_, T>, Error> {
         let len = elements::<T>(self.size)?;
         Ok(DeviceSliceMut::from_granted(
@@ -248,8 +248,8 @@ impl<'a> Access<'a, ReadWrite> {
 /// every granted device is set back to no access (device by device, where the driver refuses to do it
 /// in one call). Forgetting it (`mem::forget`) leaves the access
 /// granted until the mapping is unmapped: views cannot outlive it either way, since they borrow it.
-pub struct ScopedAccess<'a, M: AccessMode> {
-    access: Access<'a, M>,
+pub struct ScopedAccess<'map, M: AccessMode> {
+    access: Access<'map, M>,
 }
 
 impl<M: AccessMode> fmt::Debug for ScopedAccess<'_, M> {
@@ -258,8 +258,8 @@ impl<M: AccessMode> fmt::Debug for ScopedAccess<'_, M> {
     }
 }
 
-impl<'a, M: AccessMode> ScopedAccess<'a, M> {
-    pub(crate) fn new(access: Access<'a, M>) -> ScopedAccess<'a, M> {
+impl<'map, M: AccessMode> ScopedAccess<'map, M> {
+    pub(crate) fn new(access: Access<'map, M>) -> ScopedAccess<'map, M> {
         ScopedAccess { access }
     }
 
@@ -285,9 +285,9 @@ impl<'a, M: AccessMode> ScopedAccess<'a, M> {
     }
 }
 
-impl<'a, M: AccessMode> core::ops::Deref for ScopedAccess<'a, M> {
-    type Target = Access<'a, M>;
-    fn deref(&self) -> &Access<'a, M> {
+impl<'map, M: AccessMode> core::ops::Deref for ScopedAccess<'map, M> {
+    type Target = Access<'map, M>;
+    fn deref(&self) -> &Access<'map, M> {
         &self.access
     }
 }

@@ -1,15 +1,15 @@
-//! One mapped range, as [`Mapping`](crate::Mapping), [`HostMapping`](crate::HostMapping) and
-//! [`OwnedMapping`](crate::OwnedMapping) hold it: its address, the one `cuMemUnmap` (consuming, and in
+//! One mapped range, as [`Mapping`](crate::Mapping), [`HostMapping`](crate::host::HostMapping) and
+//! [`OwnedMapping`](crate::owned::OwnedMapping) hold it: its address, the one `cuMemUnmap` (consuming, and in
 //! `Drop`) and the one grant path. Each public type wraps a [`MappedRange`] and adds what is its own.
 
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 use core::ptr;
 
-use crate::access::{Access, AccessMode, Contexts, ScopedAccess, grant_range};
 use crate::device::Context;
 use crate::error::{DriverError, Error, check};
 use crate::sys;
+use crate::vmm::access::{Access, AccessMode, Contexts, ScopedAccess, grant_range};
 
 /// What a [`MappedRange`] holds besides its address: the memory and the reservation, owned or
 /// borrowed, which outlive the mapping (they are dropped after its unmap, as its fields).
@@ -78,11 +78,11 @@ impl<B: Backing> MappedRange<B> {
     }
 
     /// `cuMemSetAccess` for the device of `context`: the one grant of every mapping type.
-    pub(crate) fn grant<'a, M: AccessMode>(
-        &'a mut self,
-        context: &'a Context,
+    pub(crate) fn grant<'map, M: AccessMode>(
+        &'map mut self,
+        context: &'map Context,
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.grant_contexts(Contexts::One(context), mode)
     }
 
@@ -90,11 +90,11 @@ impl<B: Backing> MappedRange<B> {
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for an empty list; otherwise as [`grant_range`].
-    pub(crate) fn grant_all<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub(crate) fn grant_all<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         let contexts = Contexts::many(contexts).ok_or(Error::ZeroSize {
             what: "list of contexts to grant",
         })?;
@@ -102,19 +102,19 @@ impl<B: Backing> MappedRange<B> {
     }
 
     /// As [`grant_all`](MappedRange::grant_all), revoked again when the [`ScopedAccess`] ends.
-    pub(crate) fn grant_scoped<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub(crate) fn grant_scoped<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'a, M>, Error> {
+    ) -> Result<ScopedAccess<'map, M>, Error> {
         Ok(ScopedAccess::new(self.grant_all(contexts, mode)?))
     }
 
-    fn grant_contexts<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: Contexts<'a>,
+    fn grant_contexts<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: Contexts<'map>,
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         // `[ptr, ptr + size)` is this mapping's whole range; the `Access` borrows the mapping
         // mutably, so it stays mapped (and no other grant is made) while the access or any view of
         // it lives.

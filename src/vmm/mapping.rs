@@ -2,13 +2,13 @@
 
 use core::fmt;
 
-use crate::access::{Access, AccessMode, ScopedAccess};
 use crate::device::Context;
 use crate::error::{DriverError, DriverResult, Error, Result, check};
-use crate::mapped::{Borrowed, MappedRange};
-use crate::physical::{PhysicalAllocation, check_multiple};
-use crate::reservation::{Region, VirtualReservation};
 use crate::sys;
+use crate::vmm::access::{Access, AccessMode, ScopedAccess};
+use crate::vmm::mapped::{Borrowed, MappedRange};
+use crate::vmm::physical::{PhysicalAllocation, check_multiple};
+use crate::vmm::reservation::{Region, VirtualReservation};
 
 /// One or more whole physical allocations mapped back to back into a [`Region`] of a
 /// [`VirtualReservation`], unmapped on drop.
@@ -83,13 +83,13 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// device may keep whatever access the refused call gave it, until a later grant sets its access
     /// or the mapping is unmapped; still no `Access` exists, so safe code cannot use that access.
     /// Where access cannot be set up, unmap the mapping and take another path (for a copy between
-    /// devices: [`Route::Staged`](crate::Route::Staged)).
+    /// devices: [`Route::Staged`](crate::peer::Route::Staged)).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant<'a, M: AccessMode>(
-        &'a mut self,
-        context: &'a Context,
+    pub fn grant<'map, M: AccessMode>(
+        &'map mut self,
+        context: &'map Context,
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.range.grant(context, mode)
     }
 
@@ -100,11 +100,11 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// [`Error::ZeroSize`] for an empty list; otherwise as for [`Mapping::grant`] ([`Error::Driver`],
     /// or [`Error::CleanupFailed`] where a device could not be set back to no access).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_all<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub fn grant_all<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<Access<'a, M>, Error> {
+    ) -> Result<Access<'map, M>, Error> {
         self.range.grant_all(contexts, mode)
     }
 
@@ -118,11 +118,11 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// # Errors
     /// As [`grant_all`](Mapping::grant_all).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_scoped<'a, M: AccessMode>(
-        &'a mut self,
-        contexts: &'a [&'a Context],
+    pub fn grant_scoped<'map, M: AccessMode>(
+        &'map mut self,
+        contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'a, M>, Error> {
+    ) -> Result<ScopedAccess<'map, M>, Error> {
         self.range.grant_scoped(contexts, mode)
     }
 
@@ -260,7 +260,7 @@ impl<'va> Region<'va> {
 
 #[cfg(test)]
 mod tests {
-    use crate::reservation::Region;
+    use crate::vmm::reservation::Region;
     use crate::{DriverError, Error};
 
     #[test]
