@@ -13,6 +13,25 @@
 //! ```
 //!
 //! [`HostAccess`] says why the CPU's slices are sound.
+//!
+//! # Example
+//! ```no_run
+//! use cuda_vmm::host::HostAllocation;
+//! use cuda_vmm::{Context, Device, ReadOnly, ReadWrite, VirtualReservation};
+//!
+//! # fn main() -> Result<(), cuda_vmm::Error> {
+//! let device = Device::get(0)?;
+//! let context = Context::new(device)?;
+//! let mut memory = HostAllocation::near(device, 2 << 20)?;
+//! let mut reservation = VirtualReservation::new(2 << 20, 0)?;
+//! let mut region = reservation.region();
+//! let mut mapping = region.map_host(&mut memory)?; // borrows `memory` mutably: no alias
+//! mapping.grant_host(ReadWrite)?.as_mut_slice::<u32>()?.fill(7); // the CPU writes a &mut [u32]
+//! let on_device = mapping.grant(&context, ReadOnly)?; // the device reads the same bytes
+//! assert!(on_device.slice::<u32>()?.to_vec()?.iter().all(|&x| x == 7));
+//! # Ok(())
+//! # }
+//! ```
 
 use core::fmt;
 use core::marker::PhantomData;

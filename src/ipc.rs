@@ -16,6 +16,30 @@
 //! three references to one piece of physical memory: it is freed when the last of them, and the last
 //! mapping of it in any process, is gone. They may end in any order; a mapping never dangles, since
 //! each process's mappings borrow that process's own allocation.
+//!
+//! # Example
+//! ```no_run
+//! use cuda_vmm::Device;
+//! use cuda_vmm::ipc::{ExportedAllocation, PosixFd, ShareableAllocation};
+//!
+//! # fn main() -> Result<(), cuda_vmm::Error> {
+//! # let size = 2 << 20;
+//! # let (socket, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+//! // Exporting process
+//! let memory = ShareableAllocation::<PosixFd>::new(Device::get(0)?, size)?;
+//! memory.export()?.send(&socket)?; // cuMemExportToShareableHandle, sendmsg with SCM_RIGHTS
+//! // Importing process
+//! let received = ExportedAllocation::receive(&peer)?; // recvmsg; checked before any driver call
+//! let imported = received.import()?; // cuMemImportFromShareableHandle: a PhysicalAllocation
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `import` checks the device ordinal and granularity against this process's driver, and after the
+//! import the driver's own answer for where the memory lives (two processes with different
+//! `CUDA_VISIBLE_DEVICES` get an [`Error::DeviceMismatch`](crate::Error::DeviceMismatch), not a
+//! wrong device). A size that lies is left to `cuMemMap` in the importer, which refuses a partial
+//! mapping (801) and an oversized one (`tests/ipc.rs`).
 
 use core::ffi::{c_int, c_void};
 use core::fmt;
