@@ -37,7 +37,7 @@
 //!
 //! `import` checks the device ordinal and granularity against this process's driver, and after the
 //! import the driver's own answer for where the memory lives (two processes with different
-//! `CUDA_VISIBLE_DEVICES` get an [`Error::DeviceMismatch`](crate::Error::DeviceMismatch), not a
+//! `CUDA_VISIBLE_DEVICES` get an [`Error::DeviceMismatch`], not a
 //! wrong device). A size that lies is left to `cuMemMap` in the importer, which refuses a partial
 //! mapping (801) and an oversized one (`tests/ipc.rs`).
 
