@@ -44,6 +44,11 @@ extern "C" __global__ void add_one(unsigned int *dst, const unsigned int *src, u
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = src[i] + 1u;
 }
+extern "C" __global__ void fork(unsigned int *a, unsigned int *b, const unsigned int *src,
+                                unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { a[i] = src[i] + 1u; b[i] = src[i] * 3u; }
+}
 "#;
 
 /// What `fill` writes.
@@ -154,6 +159,83 @@ fn nvrtc_kernel_writes_a_growing_buffer_and_cudarc_reads_it_back() -> TestResult
         assert_eq!(host, filled(n, round), "round {round}: {n} values");
         assert_eq!(buffer.base(), base, "the base never moves");
     }
+    Ok(())
+}
+
+/// One launch writes two sequences of a `VirtualBuffer` and reads a third, through three views of
+/// disjoint ranges that `slice_bytes_disjoint_mut` hands out at once (spanning the boundary of two
+/// pages); overlapping ranges and a range over a hole are refused before any driver call.
+#[test]
+fn one_launch_writes_two_disjoint_views_and_reads_a_third() -> TestResult {
+    let _serial = serial();
+    let test = "one_launch_writes_two_disjoint_views_and_reads_a_third";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let device = devices[0];
+    let ctx = CudaContext::new(device.ordinal())?;
+    let Some(fork) = kernel_or_skip(test, &ctx, "fork") else {
+        return Ok(());
+    };
+    let stream = ctx.new_stream()?;
+    let page = allocation_granularity(device, Granularity::Minimum)?;
+    let mut buffer = VirtualBuffer::new(4 * page, &[device], ReadWrite)?;
+    buffer.grow(device, 2 * page)?;
+    let third = 2 * page / 3 / 4 * 4; // bytes per view, a whole number of u32s
+    let (n, n32) = (third / 4, u32::try_from(third / 4)?);
+    let input = pattern(n, 5);
+    buffer
+        .slice_bytes_mut::<u32>(2 * third..3 * third)?
+        .copy_from_host(&input)?;
+
+    // Refused before any driver call: an overlap (named by its bytes) and a range over unmapped bytes.
+    assert_eq!(
+        buffer
+            .slice_bytes_disjoint_mut::<u32, 2>([0..third, third - 4..2 * third])
+            .err(),
+        Some(Error::PageRange {
+            start: third - 4,
+            end: third,
+            problem: "are in two of the views asked for at once",
+        })
+    );
+    assert!(matches!(
+        buffer.slice_bytes_disjoint_mut::<u32, 2>([0..third, 2 * page..2 * page + 4]),
+        Err(Error::PageRange { .. })
+    ));
+
+    let [mut a, mut b, src] = buffer.slice_bytes_disjoint_mut::<u32, 3>([
+        0..third,
+        third..2 * third,
+        2 * third..3 * third,
+    ])?;
+    let (mut got_a, mut got_b) = (vec![0u32; n], vec![0u32; n]);
+    scope(&stream, |s| -> TestResult {
+        let (mut lent_a, mut lent_b, lent_src) =
+            (s.lend_mut(&mut a)?, s.lend_mut(&mut b)?, s.lend(&src)?);
+        // SAFETY: `fork(unsigned *a, unsigned *b, const unsigned *src, unsigned n)` takes these four,
+        // in this order, writes `a[0..n)` and `b[0..n)` and reads `src[0..n)`: the three lent views'
+        // `n` values each; launched on the scope's stream (`Scope::launch_builder`).
+        unsafe {
+            s.launch_builder(&fork)?
+                .arg(&mut lent_a)
+                .arg(&mut lent_b)
+                .arg(&lent_src)
+                .arg(&n32)
+                .launch(config(n))
+        }?;
+        stream.memcpy_dtoh(&lent_a, &mut got_a)?;
+        stream.memcpy_dtoh(&lent_b, &mut got_b)?;
+        Ok(())
+    })?;
+    let plus_one: Vec<u32> = input.iter().map(|x| x.wrapping_add(1)).collect();
+    let times_three: Vec<u32> = input.iter().map(|x| x.wrapping_mul(3)).collect();
+    assert_eq!(got_a, plus_one, "the first writer");
+    assert_eq!(
+        got_b, times_three,
+        "the second writer, across the page boundary"
+    );
+    assert_eq!(src.to_vec()?, input, "the input is unchanged");
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! The views of a [`VirtualBuffer`]: byte ranges of mapped, granted pages as [`DeviceSlice`]s and
 //! [`DeviceSliceMut`]s, checked before any driver call.
 
-use core::ops::RangeBounds;
+use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
@@ -133,5 +133,110 @@ impl VirtualBuffer<ReadWrite> {
             context,
             Reach::Owned(&self.access),
         ))
+    }
+
+    /// Writable views of several disjoint byte ranges at once (counted from the base), each as `T`s
+    /// and copied through the first context of the access set: for one launch or one scope that
+    /// writes several sequences of a cache, as `slice::get_disjoint_mut` does for a slice. The views
+    /// borrow the buffer exclusively together, so no page they cover changes while any lives.
+    ///
+    /// Every range is checked before any view is made (no driver call is made at all): as for
+    /// [`slice_bytes_mut`](VirtualBuffer::slice_bytes_mut), and that no two ranges share a byte.
+    ///
+    /// # Errors
+    /// As [`slice_bytes_mut`](VirtualBuffer::slice_bytes_mut), for the first range that fails;
+    /// [`Error::PageRange`] naming the shared bytes where two ranges overlap.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, VirtualBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let mut cache = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// let page = cache.grow(device, 2 << 20)?;
+    /// let [mut keys, mut values] = cache.slice_bytes_disjoint_mut::<u32, 2>([0..1 << 20, 1 << 20..2 << 20])?;
+    /// keys.copy_from_host(&vec![1; keys.len()])?;
+    /// values.copy_from_host(&vec![2; values.len()])?;
+    /// # let _ = page;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// The buffer cannot change while any of the views lives (overlapping ranges are refused at run
+    /// time instead):
+    /// ```compile_fail,E0499
+    /// # use cuda_vmm::{Device, ReadWrite, VirtualBuffer};
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// # let device = Device::get(0)?;
+    /// # let mut cache = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// # cache.grow(device, 2 << 20)?;
+    /// let [a, b] = cache.slice_bytes_disjoint_mut::<u32, 2>([0..4096, 4096..8192])?;
+    /// cache.shrink()?; // `a` and `b` still borrow the buffer
+    /// # drop((a, b));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn slice_bytes_disjoint_mut<T: Pod, const N: usize>(
+        &mut self,
+        ranges: [Range<usize>; N],
+    ) -> Result<[DeviceSliceMut<'_, T>; N], Error> {
+        let mut parts = [(0u64, 0usize); N];
+        let mut spans = [(0usize, 0usize); N];
+        for ((part, span), range) in parts.iter_mut().zip(spans.iter_mut()).zip(ranges) {
+            *span = (range.start, range.end);
+            *part = self.view_range::<T>(range)?;
+        }
+        if let Some((start, end)) = first_overlap(&mut spans) {
+            return Err(Error::PageRange {
+                start,
+                end,
+                problem: "are in two of the views asked for at once",
+            });
+        }
+        let context = self.first_context()?;
+        let access = &self.access;
+        // Every range is mapped and granted to every device of the access set (checked), and no
+        // two share a byte (checked), so each view is exclusive over its range, as the views of
+        // `DeviceSliceMut::split_at_mut` are; all of them borrow the buffer mutably, so no page
+        // they cover is unmapped, and no grant changed, while any lives.
+        Ok(parts.map(|(ptr, len)| {
+            DeviceSliceMut::from_granted(ptr, len, context, Reach::Owned(access))
+        }))
+    }
+}
+
+/// The bytes two of `spans` (`[start, end)` pairs, empty ones included) share, if any: the first such
+/// pair once they are sorted by start. Sorts `spans`.
+fn first_overlap(spans: &mut [(usize, usize)]) -> Option<(usize, usize)> {
+    spans.sort_unstable();
+    let mut furthest: Option<usize> = None;
+    for &(start, end) in spans.iter().filter(|(start, end)| start != end) {
+        if let Some(reached) = furthest
+            && start < reached
+        {
+            return Some((start, end.min(reached)));
+        }
+        furthest = Some(furthest.map_or(end, |reached| reached.max(end)));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_overlap;
+
+    #[test]
+    fn overlapping_spans_are_named_and_disjoint_ones_pass() {
+        assert_eq!(first_overlap(&mut [(0, 4), (4, 8), (8, 12)]), None);
+        assert_eq!(first_overlap(&mut [(8, 12), (0, 4)]), None);
+        assert_eq!(first_overlap(&mut [(0, 8), (4, 12)]), Some((4, 8)));
+        assert_eq!(first_overlap(&mut [(4, 12), (0, 8)]), Some((4, 8)));
+        // One range inside another, and a span that overlaps only an earlier, longer one.
+        assert_eq!(first_overlap(&mut [(0, 16), (4, 8)]), Some((4, 8)));
+        assert_eq!(first_overlap(&mut [(0, 16), (2, 4), (8, 10)]), Some((2, 4)));
+        // Empty ranges share no byte with anything.
+        assert_eq!(first_overlap(&mut [(0, 8), (4, 4)]), None);
+        assert_eq!(first_overlap(&mut []), None);
     }
 }
