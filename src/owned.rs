@@ -20,8 +20,10 @@
 //! [`DeviceSliceMut`](crate::DeviceSliceMut), so copies and kernel launches are written once.
 
 mod buffer;
+mod granted;
 mod mapping;
 mod pages;
 
 pub use buffer::{BufferStats, PageInfo, VirtualBuffer};
+pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

@@ -11,8 +11,8 @@ mod common;
 use common::{gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
     Context, Device, DriverError, Error, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
-    VirtualBuffer, align_size, allocation_granularity, owned::OwnedMapping, owned::PageInfo,
-    owned::SharedReservation,
+    VirtualBuffer, align_size, allocation_granularity, owned::GrantedMapping, owned::OwnedMapping,
+    owned::PageInfo, owned::SharedReservation,
 };
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
@@ -868,6 +868,88 @@ fn owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again() {
 
 /// 16 threads race to map the same 32 offsets of one shared reservation: the run-time bookkeeping
 /// lets exactly one mapping take each range, and the losers' memory is released.
+/// Ten sequences, each a struct holding its page of one `SharedReservation` with the page's kept
+/// grant (`GrantedMapping`): written, then read back twice through new views at later uses, with no
+/// new grant; an empty device list is refused before any driver call; `revoke` gives the mapping
+/// back, whose raw read the driver then refuses (and a new grant reads its bytes); and free memory
+/// is back to the byte.
+#[test]
+fn granted_mappings_keep_their_access_in_a_struct() {
+    struct Sequence {
+        page: GrantedMapping,
+        seed: u32,
+    }
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("granted_mappings_keep_their_access_in_a_struct") else {
+        return;
+    };
+    let g = granularity(device);
+    let words = g / 4;
+    warm_up(device);
+    let free_before = free_memory(&ctx);
+    {
+        let reservation = SharedReservation::new(10 * g, 0).unwrap();
+        let mut sequences: Vec<Sequence> = (0..10u32)
+            .map(|i| {
+                let memory = PhysicalAllocation::new(device, g).unwrap();
+                let mapping = reservation.map(i as usize * g, memory).unwrap();
+                Sequence {
+                    page: mapping.keep_grant(&[device], ReadWrite).unwrap(),
+                    seed: 100 + i,
+                }
+            })
+            .collect();
+        for sequence in &mut sequences {
+            assert_eq!(sequence.page.devices(), [device]);
+            sequence
+                .page
+                .slice_mut::<u32>()
+                .unwrap()
+                .copy_from_host(&pattern(words, sequence.seed))
+                .unwrap();
+        }
+        for _ in 0..2 {
+            for sequence in &sequences {
+                let got = sequence.page.slice::<u32>().unwrap().to_vec().unwrap();
+                assert!(
+                    got == pattern(words, sequence.seed),
+                    "page {} kept its bytes",
+                    sequence.seed
+                );
+            }
+        }
+
+        // Refused before any driver call: an empty device list (the mapping is unmapped then).
+        let memory = PhysicalAllocation::new(device, g).unwrap();
+        let spare = SharedReservation::new(g, 0).unwrap();
+        assert!(matches!(
+            spare.map(0, memory).unwrap().keep_grant(&[], ReadOnly),
+            Err(Error::ZeroSize { .. })
+        ));
+
+        // `revoke` gives the mapping back, without access: a raw read of it is refused.
+        let Sequence { page, seed } = sequences.pop().unwrap();
+        let ptr = page.mapping().reservation().base() + page.mapping().offset() as u64;
+        let mut mapping: OwnedMapping = page.revoke().unwrap();
+        let mut host = vec![0u32; 16];
+        // SAFETY: `host` is writable for 64 bytes; `ptr` is the start of the mapping, alive
+        // (owned by `mapping`) and ungranted, which the driver must refuse to read.
+        let code = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptr, 64) };
+        assert_ne!(code, 0, "a revoked mapping is not read");
+        assert_eq!(
+            read_through_new_grant(&mut mapping, &ctx),
+            pattern(words, seed)
+        );
+        drop(mapping);
+        drop(sequences);
+    }
+    assert_eq!(
+        free_memory(&ctx),
+        free_before,
+        "every page released, to the byte"
+    );
+}
+
 #[test]
 fn threads_racing_for_one_range_get_one_mapping_each() {
     const THREADS: usize = 16;

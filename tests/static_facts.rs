@@ -204,3 +204,7 @@ assert_eq_size!(cuda_vmm::raw::CUcontext, *mut core::ffi::c_void);
 assert_eq_size!(cuda_vmm::raw::CUstream, *mut core::ffi::c_void);
 assert_eq_size!(cuda_vmm::raw::CUdeviceptr, u64);
 assert_eq_size!(cuda_vmm::raw::CUdevice, i32);
+
+// A granted mapping lives in a struct field and moves between threads, as an owned mapping does.
+assert_impl_all!(cuda_vmm::owned::GrantedMapping: Send, Sync);
+assert_impl_all!(cuda_vmm::owned::GrantedMapping<cuda_vmm::ReadOnly>: Send, Sync);

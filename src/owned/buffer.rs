@@ -570,7 +570,7 @@ fn granularity(device: Device) -> Result<usize, Error> {
 }
 
 /// Retains the primary context of each device, once per device, in order.
-fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
+pub(super) fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
     if devices.is_empty() {
         return Err(Error::ZeroSize { what: "access set" });
     }
@@ -586,7 +586,7 @@ fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
 /// Calls `f` with the contexts as the grant helpers take them (one without a heap allocation). An
 /// empty list grants nothing and calls nothing (an access set is never empty: `new` and `set_access`
 /// refuse one).
-fn with_contexts(
+pub(super) fn with_contexts(
     contexts: &[Context],
     f: impl FnOnce(Contexts<'_>) -> DriverResult<()>,
 ) -> DriverResult<()> {
@@ -611,7 +611,11 @@ fn revoke(base: u64, page: &Page, contexts: &[&Context]) -> DriverResult<()> {
 }
 
 /// `error`, or [`Error::CleanupFailed`] where undoing `what` failed too.
-fn with_cleanup(error: DriverError, cleanup: DriverResult<()>, what: &'static str) -> Error {
+pub(super) fn with_cleanup(
+    error: DriverError,
+    cleanup: DriverResult<()>,
+    what: &'static str,
+) -> Error {
     match cleanup {
         Ok(()) => Error::Driver(error),
         Err(cleanup) => Error::CleanupFailed {

@@ -279,6 +279,11 @@ impl OwnedMapping {
         &self.range.backing().memory
     }
 
+    /// The first mapped address, for the grant a [`GrantedMapping`](super::GrantedMapping) keeps.
+    pub(super) fn ptr(&self) -> u64 {
+        self.range.ptr()
+    }
+
     /// A handle to the reservation the mapping lies in.
     #[must_use]
     pub fn reservation(&self) -> &SharedReservation {
