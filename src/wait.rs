@@ -337,15 +337,15 @@ fn end_capture(stream: sys::CUstream) -> bool {
     let mut graph: sys::CUgraph = ptr::null_mut();
     // SAFETY: `graph` is writable for the call; `stream` is a live stream of the current context,
     // capturing (checked just above). A capture this thread may not end (begun on another stream,
-    // or on another thread in a mode other than RELAXED) is refused and left as it is.
-    let code = unsafe { sys::cuStreamEndCapture(stream, &raw mut graph) };
+    // or on another thread in a mode other than RELAXED) is refused and left as it is. The result
+    // is not read: an invalidated capture ends with an error and no graph, and what matters is
+    // whether the stream still captures, asked below.
+    let _ = unsafe { sys::cuStreamEndCapture(stream, &raw mut graph) };
     if !graph.is_null() {
         // SAFETY: a graph the driver just made for this call, owned by nothing else and destroyed
         // once; it was never instantiated.
         let _ = unsafe { sys::cuGraphDestroy(graph) };
     }
-    // An invalidated capture ends with an error and no graph: what matters is that it has ended.
-    let _ = code;
     matches!(is_capturing(stream), Ok(false))
 }
 
