@@ -57,7 +57,7 @@ fn striped_vectors(devices: &[Device]) -> Result<Vectors, Error> {
     }
     let pages = PAGES_PER_DEVICE * devices.len();
     let striped = || -> Result<VirtualBuffer, Error> {
-        let mut vector = VirtualBuffer::new(pages * page, devices, ReadWrite)?;
+        let vector = VirtualBuffer::new(pages * page, devices, ReadWrite)?;
         for &device in devices.iter().cycle().take(pages) {
             vector.grow(device, page)?;
         }

@@ -24,6 +24,6 @@ mod granted;
 mod mapping;
 mod pages;
 
-pub use buffer::{BufferStats, PageInfo, VirtualBuffer};
+pub use buffer::{BufferRead, BufferStats, PageInfo, ScopedBuffer, VirtualBuffer};
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

@@ -21,7 +21,7 @@ mod scope;
 
 pub use event::Event;
 pub use launch::{KernelArg, KernelArgs};
-pub use lend::{DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite};
+pub use lend::{DeviceInFlight, HostInFlight, HostSource, Rewritable, ScopedRead, ScopedWrite};
 pub use pinned::PinnedBuffer;
 pub use scope::{Scope, ScopedStream, scope};
 
@@ -98,6 +98,11 @@ impl Stream {
     #[must_use]
     pub fn device(&self) -> Device {
         self.context.device()
+    }
+
+    /// The retained context the stream belongs to.
+    pub(crate) fn context(&self) -> &Context {
+        &self.context
     }
 
     /// The raw `CUstream` (null for the legacy default stream): an escape hatch that owns nothing.

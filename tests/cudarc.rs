@@ -342,7 +342,7 @@ fn kernel_on_one_gpu_reads_vmm_memory_of_another() -> TestResult {
     on_gpu0.grow(d0, page)?;
     assert_eq!(on_gpu0.pages().next().map(|p| p.device), Some(d0));
     on_gpu0.slice_bytes_mut::<u32>(..)?.copy_from_host(&input)?;
-    let mut gpu0_only = VirtualBuffer::new(page, &[d0], ReadWrite)?;
+    let gpu0_only = VirtualBuffer::new(page, &[d0], ReadWrite)?;
     gpu0_only.grow(d0, page)?;
 
     let mut out = VirtualBuffer::new(page, &[d1], ReadWrite)?;

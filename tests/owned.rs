@@ -483,7 +483,7 @@ fn read_only_buffer_reads_and_the_driver_refuses_writes() {
         return;
     };
     let g = granularity(device);
-    let mut buffer = VirtualBuffer::new(4 * g, &[device], ReadOnly).unwrap();
+    let buffer = VirtualBuffer::new(4 * g, &[device], ReadOnly).unwrap();
     buffer.grow(device, g).unwrap();
     let view = buffer.slice_bytes::<u8>(..g).unwrap();
     assert_eq!(view.to_vec().unwrap().len(), g);
@@ -570,7 +570,7 @@ fn striped(devices: &[Device], pages_per_device: usize) -> Result<VirtualBuffer,
         .map(|&d| allocation_granularity(d, Granularity::Minimum))
         .try_fold(1, |max, g| g.map(|g| max.max(g)))?;
     let pages = devices.len() * pages_per_device;
-    let mut buffer = VirtualBuffer::new(pages * g, devices, ReadWrite)?;
+    let buffer = VirtualBuffer::new(pages * g, devices, ReadWrite)?;
     for page in 0..pages {
         buffer.grow(devices[page % devices.len()], g)?;
     }

@@ -178,13 +178,22 @@ assert_not_impl_any!(cuda_vmm::stream::Scope<'static, 'static>: Clone, Copy);
 assert_impl_all!(cuda_vmm::stream::ScopedStream<'static>: Send, Sync, Copy);
 assert_eq_size!(cuda_vmm::stream::ScopedStream<'static>, &cuda_vmm::Stream);
 assert_impl_all!(cuda_vmm::stream::HostInFlight<'static, u32>: Send, Sync, Copy);
-// What a queued device write hands back is a `Copy` handle, as the `DeviceSlice` it wraps, and the same
-// size: the view, and nothing more.
+// What a queued device write hands back is a `Copy` handle, as the `DeviceSlice` it wraps: the view,
+// and where its memory came from when that memory can be retired while the scope lasts (a scoped
+// buffer's page table and the scope's streams, two trait-object references, and the table's epoch),
+// checked again at every lend.
 assert_impl_all!(cuda_vmm::stream::DeviceInFlight<'static, u32>: Send, Sync, Copy);
 assert_eq_size!(
     cuda_vmm::stream::DeviceInFlight<'static, u32>,
-    DeviceSlice<'static, u32>
+    (DeviceSlice<'static, u32>, [usize; 5])
 );
+// A slot written again and again is exclusive: no copy of it is a second writer. Its read handle, and
+// the scoped buffer it may come from, are `Copy`.
+assert_impl_all!(cuda_vmm::stream::Rewritable<'static, u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::Rewritable<'static, u32>: Clone, Copy);
+assert_impl_all!(cuda_vmm::owned::BufferRead<'static, u32>: Send, Sync, Copy);
+assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadWrite>: Send, Sync, Copy);
+assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadOnly>: Send, Sync, Copy);
 // The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only
 // lent view is a `Copy` handle, as a `DeviceSlice` is; a writable one is exclusive, as a
 // `DeviceSliceMut` is, and a copy of it would be a second writer.

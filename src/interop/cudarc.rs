@@ -291,7 +291,9 @@ impl<'scope> Scope<'scope, '_> {
         &'scope self,
         view: impl ScopedRead<'scope, T>,
     ) -> Result<Lent<'scope, T>, Error> {
-        let view = crate::stream::lend::lend(view);
+        // A view whose memory can leave while a scope lasts (a `ScopedBuffer`'s) is refused here: the
+        // registry of its scope does not know this stream.
+        let (view, _, _) = crate::stream::lend::lend(view, self.state.raw_stream())?.into_parts();
         let never_mapped = self.state.admit_view(&view)?;
         Ok(Lent {
             ptr: view.as_raw_ptr(),
@@ -312,7 +314,8 @@ impl<'scope> Scope<'scope, '_> {
         &'scope self,
         view: impl ScopedWrite<'scope, T>,
     ) -> Result<LentMut<'scope, T>, Error> {
-        let view = view.lend_mut();
+        let (view, _, _) =
+            crate::stream::lend::lend_mut(view, self.state.raw_stream())?.into_parts();
         let never_mapped = self.state.admit_view(&view)?;
         Ok(LentMut {
             ptr: view.as_raw_ptr(),

@@ -4,9 +4,12 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::{Range, RangeBounds};
+use core::sync::atomic::AtomicUsize;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{Context, Device};
 use crate::error::{DriverError, DriverResult, Error, check, first_error};
+use crate::stream::Event;
 use crate::sys;
 use crate::view::range_bounds;
 use crate::vmm::access::set_access;
@@ -14,9 +17,13 @@ use crate::vmm::access::{AccessMode, Contexts, ReadWrite};
 use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::vmm::reservation::VirtualReservation;
 
-use super::pages::{Span, check_new_range, insertion_point, pages_inside};
+use super::pages::{Claims, RETIRED, Span, check_new_range, insertion_point, pages_inside};
 
+mod retire;
+mod scoped;
 mod views;
+
+pub use scoped::{BufferRead, ScopedBuffer};
 
 /// What a range out of a buffer's bounds is out of, in errors.
 const BUDGET: &str = "virtual buffer's address budget";
@@ -42,6 +49,11 @@ pub struct BufferStats {
     pub pages_mapped: u64,
     /// Pages unmapped and handed to `cuMemRelease`.
     pub pages_released: u64,
+    /// Pages retired ([`VirtualBuffer::retire_after`], [`ScopedBuffer::retire`](super::ScopedBuffer::retire)):
+    /// released once the work queued before the retire has finished.
+    pub pages_retired: u64,
+    /// `cuEventRecord` calls of retires: one per stream the retire orders the release after.
+    pub events_recorded: u64,
 }
 
 /// One page of a [`VirtualBuffer`], as [`VirtualBuffer::pages`] lists it.
@@ -58,6 +70,9 @@ pub struct PageInfo {
     /// failed and whose unmapping failed too ([`Error::CleanupFailed`]): no view covers it, and it is
     /// unmapped with the others.
     pub granted: bool,
+    /// Whether the page is retired: no view covers it and no page is mapped over it, and it is
+    /// unmapped and released once the work queued before the retire has finished.
+    pub retired: bool,
 }
 
 /// A page: a whole physical allocation mapped at `offset`.
@@ -67,6 +82,10 @@ struct Page {
     /// The device the memory was created on (every page of a buffer is device memory).
     device: Device,
     granted: bool,
+    /// Retired: waiting for the events of its retire, then unmapped and released.
+    retired: bool,
+    /// [`Table::epoch`] when the page was mapped.
+    epoch: u64,
 }
 
 impl Span for Page {
@@ -83,6 +102,14 @@ impl Span for Page {
     fn granted(&self) -> bool {
         self.granted
     }
+
+    fn retired(&self) -> bool {
+        self.retired
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
 }
 
 impl Page {
@@ -92,8 +119,33 @@ impl Page {
             size: self.memory.size(),
             device: self.device,
             granted: self.granted,
+            retired: self.retired,
         }
     }
+}
+
+/// What can change through `&self`: the pages, behind the buffer's lock.
+#[derive(Default)]
+struct Table {
+    /// Sorted by offset, disjoint, inside `[0, budget)`.
+    pages: Vec<Page>,
+    stats: BufferStats,
+    /// The count of pages mapped so far: each page records it, and so does each view of a
+    /// [`ScopedBuffer`](super::ScopedBuffer), which then never covers a page mapped after it.
+    epoch: u64,
+    /// Retires whose events have not all been seen complete, oldest first.
+    retiring: Vec<Retiring>,
+    /// Events of finished retires, for the next ones.
+    spare_events: Vec<Event>,
+    /// The ranges a [`ScopedBuffer`](super::ScopedBuffer) lent, cleared when the next one is made.
+    claims: Claims,
+}
+
+/// One retire: its pages (by offset) and an event recorded after the work it waits for, on each
+/// stream that work may run on. Its pages are unmapped and released once every event has completed.
+struct Retiring {
+    offsets: Vec<usize>,
+    events: Vec<Event>,
 }
 
 /// A growable, address-stable buffer of device memory: one reserved address range (the *budget*),
@@ -158,11 +210,15 @@ pub struct VirtualBuffer<M: AccessMode = ReadWrite> {
     /// The reserved range; `None` only within [`free`](VirtualBuffer::free), once it has been freed.
     /// Declared before `access`, so that it is freed before the contexts are released.
     reservation: Option<VirtualReservation>,
-    /// Sorted by offset, disjoint, inside `[0, budget)`.
-    pages: Vec<Page>,
+    /// The pages, their counts and retires. Locked for each change through `&self` (a grow, a
+    /// retire, a scoped buffer's view) and for each view, for the length of the check.
+    table: Mutex<Table>,
+    /// Lends of a [`ScopedBuffer`](super::ScopedBuffer)'s views in progress: admitted (under the
+    /// lock), their work not queued yet. A retire waits for none to be left before it records its
+    /// events, so that they come after that work.
+    lending: AtomicUsize,
     /// Never empty; one context per device. Granted on every page whose `granted` is true.
     access: Vec<Context>,
-    stats: BufferStats,
     /// The mode of the kept grants, at the type level only. `M` is a zero-sized, `Copy`, `Send`,
     /// `Sync`, `'static` marker ([`AccessMode`]), so this changes neither variance nor auto traits.
     _mode: PhantomData<M>,
@@ -174,7 +230,7 @@ impl<M: AccessMode> fmt::Debug for VirtualBuffer<M> {
             .field("base", &format_args!("{:#x}", self.base))
             .field("budget", &self.budget)
             .field("mapped_bytes", &self.mapped_bytes())
-            .field("pages", &self.pages.len())
+            .field("pages", &self.lock().pages.len())
             .field("mode", &M::NAME)
             .field("devices", &self.devices())
             .finish_non_exhaustive()
@@ -214,9 +270,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
             base: reservation.base(),
             budget,
             reservation: Some(reservation),
-            pages: Vec::new(),
+            table: Mutex::new(Table::default()),
+            lending: AtomicUsize::new(0),
             access,
-            stats: BufferStats::default(),
             _mode: PhantomData,
         })
     }
@@ -233,22 +289,37 @@ impl<M: AccessMode> VirtualBuffer<M> {
         self.budget
     }
 
-    /// The end of the last page (0 where none is mapped): where [`grow`](VirtualBuffer::grow) maps the
-    /// next one.
+    /// The end of the last page, retired ones included (0 where none is mapped): where
+    /// [`grow`](VirtualBuffer::grow) maps the next one.
     #[must_use]
     pub fn end(&self) -> usize {
-        self.pages.last().map_or(0, Page::end)
+        self.lock().pages.last().map_or(0, Page::end)
     }
 
-    /// The bytes of physical memory mapped: the sum of the pages' sizes.
+    /// The bytes of physical memory mapped: the sum of the pages' sizes, retired pages included until
+    /// they are released.
     #[must_use]
     pub fn mapped_bytes(&self) -> usize {
-        self.pages.iter().map(|p| p.memory.size()).sum()
+        self.lock().pages.iter().map(|p| p.memory.size()).sum()
     }
 
-    /// The pages, in address order.
-    pub fn pages(&self) -> impl ExactSizeIterator<Item = PageInfo> {
-        self.pages.iter().map(Page::info)
+    /// The bytes of retired pages not released yet.
+    #[must_use]
+    pub fn retired_bytes(&self) -> usize {
+        let table = self.lock();
+        table
+            .pages
+            .iter()
+            .filter(|p| p.retired)
+            .map(|p| p.memory.size())
+            .sum()
+    }
+
+    /// The pages, in address order (a snapshot: pages may be mapped meanwhile through `&self`).
+    #[must_use]
+    pub fn pages(&self) -> impl ExactSizeIterator<Item = PageInfo> + use<M> {
+        let pages: Vec<PageInfo> = self.lock().pages.iter().map(Page::info).collect();
+        pages.into_iter()
     }
 
     /// The devices of the access set, in the order given.
@@ -266,47 +337,82 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// The counts of the driver calls this buffer made on its pages.
     #[must_use]
     pub fn stats(&self) -> BufferStats {
-        self.stats
+        self.lock().stats
+    }
+
+    /// The table, locked. No code of this crate panics while it holds the lock; a poisoned lock (a
+    /// panic of the allocator, say) is taken as it is: every change leaves the table consistent
+    /// before any call that could fail.
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The table, through `&mut self`: no lock needed.
+    fn table_mut(&mut self) -> &mut Table {
+        self.table.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `cuMemCreate`, `cuMemMap`, `cuMemSetAccess` — allocate `size` bytes of `device`'s memory and map
     /// them as one page at byte `offset` of the buffer, granted to the access set.
     ///
     /// `offset` and `size` must be multiples of `device`'s granularity, and the page must lie inside
-    /// the budget and overlap no mapped page. The page need not touch the others: holes are allowed
-    /// (views cannot span them).
+    /// the budget and overlap no mapped or retired page. The page need not touch the others: holes
+    /// are allowed (views cannot span them).
+    ///
+    /// Takes `&self`: mapping a page into an unmapped range disturbs no view of the other pages, so
+    /// it happens while views of them live (also from several threads: the page table is behind a
+    /// lock, held for the whole call). Retires whose work has finished are reclaimed first.
     ///
     /// # Errors
     /// Before any driver call: [`Error::ZeroSize`], [`Error::NotAligned`] (offset, size or address
     /// not a multiple of the granularity), [`Error::Overflow`], [`Error::OutOfBounds`] (past the
-    /// budget) and [`Error::PageRange`] (over a mapped page, which the error names). Then the
-    /// driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] from `cuMemCreate`. On any error the buffer
-    /// is as it was: what was done for the page is undone (the grant, the mapping, the memory). Where
-    /// undoing fails too, the error is [`Error::CleanupFailed`]: if `cuMemUnmap` failed, the page
-    /// stays in the buffer, mapped but not granted ([`PageInfo::granted`] is `false`), no view covers
-    /// it, and [`unmap`](VirtualBuffer::unmap) or dropping the buffer tries again; if `cuMemRelease`
-    /// failed, nothing is mapped and the memory may be lost until the process ends.
+    /// budget) and [`Error::PageRange`] (over a mapped or retired page, which the error names). Then
+    /// the driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] from `cuMemCreate`. On any error the
+    /// buffer is as it was: what was done for the page is undone (the grant, the mapping, the
+    /// memory). Where undoing fails too, the error is [`Error::CleanupFailed`]: if `cuMemUnmap`
+    /// failed, the page stays in the buffer, mapped but not granted ([`PageInfo::granted`] is
+    /// `false`), no view covers it, and [`unmap`](VirtualBuffer::unmap) or dropping the buffer tries
+    /// again; if `cuMemRelease` failed, nothing is mapped and the memory may be lost until the
+    /// process ends.
     #[doc(alias = "cuMemCreate")]
     #[doc(alias = "cuMemMap")]
     #[doc(alias = "cuMemSetAccess")]
-    pub fn map_page(&mut self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
-        let index = self.check_new_page(offset, device, size)?;
-        let memory = PhysicalAllocation::new(device, size)?;
-        self.map_at(index, offset, memory, device)
+    pub fn map_page(&self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
+        let mut table = self.lock();
+        self.reclaim_finished(&mut table);
+        self.map_new(&mut table, Some(offset), device, size)
+            .map(drop)
     }
 
     /// Maps a page of `size` bytes of `device`'s memory right after the last page (at
-    /// [`end`](VirtualBuffer::end)), and returns its offset. As [`map_page`](VirtualBuffer::map_page).
+    /// [`end`](VirtualBuffer::end)), and returns its offset. As [`map_page`](VirtualBuffer::map_page),
+    /// also in that it takes `&self`.
     ///
     /// # Errors
     /// As [`map_page`](VirtualBuffer::map_page); [`Error::OutOfBounds`] where the budget is used up.
+    ///
+    /// # Examples
+    /// A read-only view lives across a growth:
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, VirtualBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// buffer.grow(device, 2 << 20)?;
+    /// let first = buffer.slice_bytes::<u8>(..2 << 20)?;
+    /// buffer.grow(device, 2 << 20)?; // `first` is still valid: its page did not move
+    /// assert_eq!(first.to_vec()?.len(), 2 << 20);
+    /// # Ok(())
+    /// # }
+    /// ```
     #[doc(alias = "cuMemCreate")]
     #[doc(alias = "cuMemMap")]
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grow(&mut self, device: Device, size: usize) -> Result<usize, Error> {
-        let offset = self.end();
-        self.map_page(offset, device, size)?;
-        Ok(offset)
+    pub fn grow(&self, device: Device, size: usize) -> Result<usize, Error> {
+        let mut table = self.lock();
+        self.reclaim_finished(&mut table);
+        self.map_new(&mut table, None, device, size)
     }
 
     /// `cuMemUnmap`, `cuMemRelease` — unmap the last page and release its memory; returns what it
@@ -317,40 +423,48 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemUnmap")]
     #[doc(alias = "cuMemRelease")]
     pub fn shrink(&mut self) -> Result<Option<PageInfo>, Error> {
-        let Some(info) = self.pages.last().map(Page::info) else {
+        self.reclaim_all_finished();
+        let base = self.base;
+        let table = self.table_mut();
+        let Some(info) = table.pages.last().map(Page::info) else {
             return Ok(None);
         };
-        let last = self.pages.len().saturating_sub(1);
-        self.unmap_span(last..self.pages.len())?;
+        let last = table.pages.len().saturating_sub(1);
+        unmap_span(base, table, last..table.pages.len())?;
         Ok(Some(info))
     }
 
     /// `cuMemUnmap`, `cuMemRelease` — unmap every page inside the byte range `range` and release its
     /// memory; returns how many pages were unmapped. Holes inside the range are fine; a page that
-    /// the range would cut in two is not.
+    /// the range would cut in two is not, nor a retired page whose work has not finished.
     ///
     /// The pages' addresses become free for new pages; the other pages keep their addresses and their
     /// bytes.
     ///
     /// # Errors
     /// Before any driver call: [`Error::OutOfBounds`] for a range outside the budget,
-    /// [`Error::PageRange`] where a page straddles either end of the range (the error names it).
-    /// Then the first driver error: every page of the range is tried; a page whose `cuMemUnmap` the
-    /// driver refuses stays in the buffer (it is tried again by the next unmap of its range and by
-    /// drop) and the others are gone; memory whose `cuMemRelease` is refused is unmapped and gone
-    /// from the buffer, and may be lost until the process ends. No driver failure of a whole-mapping
-    /// unmap is known.
+    /// [`Error::PageRange`] where a page straddles either end of the range, or is retired and its
+    /// work has not finished (the error names it). Then the first driver error: every page of the
+    /// range is tried; a page whose `cuMemUnmap` the driver refuses stays in the buffer (it is tried
+    /// again by the next unmap of its range and by drop) and the others are gone; memory whose
+    /// `cuMemRelease` is refused is unmapped and gone from the buffer, and may be lost until the
+    /// process ends. No driver failure of a whole-mapping unmap is known.
     #[doc(alias = "cuMemUnmap")]
     #[doc(alias = "cuMemRelease")]
     pub fn unmap(&mut self, range: impl RangeBounds<usize>) -> Result<usize, Error> {
         let (start, end) = range_bounds(range, self.budget, BUDGET)?;
-        let span = pages_inside(&self.pages, start, end)?;
-        self.unmap_span(span)
+        self.reclaim_all_finished();
+        let base = self.base;
+        let table = self.table_mut();
+        let span = pages_inside(&table.pages, start, end)?;
+        unmap_span(base, table, span)
     }
 
-    /// `cuMemSetAccess` — make `devices` the access set, in the buffer's mode, on every mapped page:
-    /// first each page is granted the new set, then the devices that left it are revoked from each
-    /// page. The new devices' primary contexts are retained, and the old ones released.
+    /// `cuMemSetAccess` — make `devices` the access set, in the buffer's mode, on every mapped page
+    /// that is not retired: first each page is granted the new set, then the devices that left it
+    /// are revoked from each page. The new devices' primary contexts are retained, and the old ones
+    /// released. Retired pages keep the old set until they are released: the work they wait for may
+    /// still read them, and no view reaches them.
     ///
     /// Takes `&mut self`, so no view (which carries the devices that reach its memory) lives across the
     /// change.
@@ -366,21 +480,24 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemSetAccess")]
     pub fn set_access(&mut self, devices: &[Device]) -> Result<(), Error> {
         let new = retain_distinct(devices)?;
+        let base = self.base;
+        let access = &self.access;
+        let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
         let joining: Vec<&Context> = new
             .iter()
-            .filter(|c| !self.access.iter().any(|o| o.device() == c.device()))
+            .filter(|c| !access.iter().any(|o| o.device() == c.device()))
             .collect();
-        let leaving: Vec<&Context> = self
-            .access
+        let leaving: Vec<&Context> = access
             .iter()
             .filter(|o| !new.iter().any(|c| c.device() == o.device()))
             .collect();
-        let stats = &mut self.stats;
-        let granted = || self.pages.iter().filter(|p| p.granted);
+        let stats = &mut table.stats;
+        let pages = &table.pages;
+        let granted = || pages.iter().filter(|p| p.granted && !p.retired);
         let mut done = 0usize;
         for page in granted() {
             bump(&mut stats.set_access_calls);
-            let address = self.base.wrapping_add(page.offset as u64);
+            let address = base.wrapping_add(page.offset as u64);
             let size = page.memory.size();
             if let Err(error) = with_contexts(&new, |c| set_access(address, size, c, M::FLAGS)) {
                 // Also the refused page: the driver may have applied part of the call.
@@ -389,7 +506,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 } else {
                     first_error(granted().take(done.saturating_add(1)).map(|p| {
                         bump(&mut stats.set_access_calls);
-                        revoke(self.base, p, &joining)
+                        revoke(base, p, &joining)
                     }))
                 };
                 return Err(with_cleanup(error, cleanup, "access change"));
@@ -401,27 +518,38 @@ impl<M: AccessMode> VirtualBuffer<M> {
         } else {
             first_error(granted().map(|p| {
                 bump(&mut stats.set_access_calls);
-                revoke(self.base, p, &leaving)
+                revoke(base, p, &leaving)
             }))
         };
         // Every granted page grants the new set now (also where a revoke failed): record it. The old
-        // contexts are released here, after the last driver call that named them.
+        // contexts are released here, after the last driver call that named them; retired pages,
+        // which keep the old grants, need no context to be unmapped.
         self.access = new;
         Ok(revoked?)
     }
 
-    /// Checks a new page against the granularity, the budget and the mapped pages; the index it goes
-    /// to in `pages`.
-    fn check_new_page(&self, offset: usize, device: Device, size: usize) -> Result<usize, Error> {
+    /// Checks a new page and maps it: at `offset`, or after the last page. Its offset.
+    fn map_new(
+        &self,
+        table: &mut Table,
+        offset: Option<usize>,
+        device: Device,
+        size: usize,
+    ) -> Result<usize, Error> {
+        let offset = offset.unwrap_or_else(|| table.pages.last().map_or(0, Page::end));
         let granularity = granularity(device)?;
         let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
-        insertion_point(&self.pages, offset, end)
+        let index = insertion_point(&table.pages, offset, end)?;
+        let memory = PhysicalAllocation::new(device, size)?;
+        self.map_at(table, index, offset, memory, device)?;
+        Ok(offset)
     }
 
-    /// `cuMemMap` and `cuMemSetAccess` of `memory` at `offset` (checked by `check_new_page`, which
-    /// returned `index`); undone on failure.
+    /// `cuMemMap` and `cuMemSetAccess` of `memory` at `offset` (checked by `map_new`, which found
+    /// `index`); undone on failure.
     fn map_at(
-        &mut self,
+        &self,
+        table: &mut Table,
         index: usize,
         offset: usize,
         memory: PhysicalAllocation,
@@ -429,30 +557,35 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ) -> Result<(), Error> {
         let address = self.base.wrapping_add(offset as u64);
         let size = memory.size();
-        bump(&mut self.stats.map_calls);
+        bump(&mut table.stats.map_calls);
         // SAFETY: `[address, address + size)` lies inside this buffer's reservation (checked against
-        // the budget), which only this buffer maps into, and overlaps none of its pages (checked);
-        // both ends are multiples of the memory's granularity (checked). `memory` is a live allocation
-        // handle of `size` bytes, owned here; offset 0 and flags 0 as the driver requires.
+        // the budget), which only this buffer maps into, and overlaps none of its pages, retired
+        // ones included (checked, under the lock that every change of the pages holds); both ends
+        // are multiples of the memory's granularity (checked). `memory` is a live allocation handle
+        // of `size` bytes, owned here; offset 0 and flags 0 as the driver requires.
         if let Err(error) = check(unsafe { sys::cuMemMap(address, size, 0, memory.as_raw(), 0) }) {
             return Err(with_cleanup(error, memory.release_code(), "page mapping"));
         }
-        bump(&mut self.stats.set_access_calls);
+        table.epoch = table.epoch.saturating_add(1);
+        let epoch = table.epoch;
+        bump(&mut table.stats.set_access_calls);
         if let Err(error) = with_contexts(&self.access, |c| set_access(address, size, c, M::FLAGS))
         {
-            bump(&mut self.stats.unmap_calls);
+            bump(&mut table.stats.unmap_calls);
             // SAFETY: `[address, address + size)` was mapped just above, by this call, and is unmapped
-            // once here; nothing has seen its address.
+            // once here; nothing has seen its address (the lock is held).
             if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
                 // Still mapped, perhaps partly granted: kept, so that the next unmap of its range or
                 // drop unmaps it, and marked so that no view covers it.
-                self.pages.insert(
+                table.pages.insert(
                     index,
                     Page {
                         offset,
                         memory,
                         device,
                         granted: false,
+                        retired: false,
+                        epoch,
                     },
                 );
                 return Err(Error::CleanupFailed {
@@ -463,64 +596,34 @@ impl<M: AccessMode> VirtualBuffer<M> {
             }
             return Err(with_cleanup(error, memory.release_code(), "page mapping"));
         }
-        self.pages.insert(
+        table.pages.insert(
             index,
             Page {
                 offset,
                 memory,
                 device,
                 granted: true,
+                retired: false,
+                epoch,
             },
         );
-        bump(&mut self.stats.pages_mapped);
+        bump(&mut table.stats.pages_mapped);
         Ok(())
     }
 
-    /// Unmaps and releases `pages[span]`, every one tried; the pages the driver refuses to unmap stay.
-    fn unmap_span(&mut self, span: Range<usize>) -> Result<usize, Error> {
-        if self.pages.get(span.clone()).is_none() {
-            return Ok(0);
-        }
-        let mut kept = Vec::new();
-        let mut first: DriverResult<()> = Ok(());
-        let mut unmapped = 0usize;
-        for page in self.pages.drain(span.clone()) {
-            bump(&mut self.stats.unmap_calls);
-            let address = self.base.wrapping_add(page.offset as u64);
-            // SAFETY: `[address, address + size)` is the page's whole mapping, made by `map_at` and
-            // unmapped once: the page leaves the buffer below unless the driver refuses. No view lives
-            // (`&mut self`), and every copy through one finished before it returned.
-            let result = check(unsafe { sys::cuMemUnmap(address, page.memory.size()) });
-            let result = match result {
-                Ok(()) => {
-                    unmapped = unmapped.saturating_add(1);
-                    bump(&mut self.stats.pages_released);
-                    page.memory.release_code()
-                }
-                Err(error) => {
-                    kept.push(page);
-                    Err(error)
-                }
-            };
-            if first.is_ok() {
-                first = result;
-            }
-        }
-        // Back where they were: `kept` is sorted and lies inside the drained span.
-        self.pages.splice(span.start..span.start, kept);
-        first?;
-        Ok(unmapped)
-    }
-
-    /// Unmaps every page, then releases every page's memory: every page is tried. The first error.
-    fn teardown(&mut self) -> DriverResult<()> {
-        let pages = core::mem::take(&mut self.pages);
+    /// Unmaps every page, then releases every page's memory: every page is tried, after every retire
+    /// has been waited for. The first error.
+    fn teardown(&mut self) -> Result<(), Error> {
+        let waited = self.wait_retires();
         let base = self.base;
-        let stats = &mut self.stats;
+        let table = self.table_mut();
+        let pages = core::mem::take(&mut table.pages);
+        let stats = &mut table.stats;
         let unmapped = first_error(pages.iter().map(|page| {
             bump(&mut stats.unmap_calls);
             // SAFETY: each page's whole mapping, made by `map_at`, unmapped once: the pages have left
-            // the buffer. No view lives (`&mut self`, or drop).
+            // the buffer. No view lives (`&mut self`, or drop), and every retire's work has finished
+            // (waited for just above: the wait returns only then, or aborts).
             check(unsafe {
                 sys::cuMemUnmap(base.wrapping_add(page.offset as u64), page.memory.size())
             })
@@ -531,11 +634,14 @@ impl<M: AccessMode> VirtualBuffer<M> {
             bump(&mut stats.pages_released);
             page.memory.release_code()
         }));
-        unmapped.and(released)
+        waited
+            .and(unmapped.map_err(Error::from))
+            .and(released.map_err(Error::from))
     }
 
-    /// `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree` — unmap every page, release the memory, free
-    /// the reservation, in that order, and report the first error, which `drop` ignores.
+    /// `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree` — wait for the work of every retire, unmap
+    /// every page, release the memory, free the reservation, in that order, and report the first
+    /// error, which `drop` ignores.
     ///
     /// # Errors
     /// The first driver error; every step is tried after any error. A page the driver refused to
@@ -550,18 +656,64 @@ impl<M: AccessMode> VirtualBuffer<M> {
             .take()
             .map_or(Ok(()), VirtualReservation::free_code);
         // `drop` finds no page and no reservation left, and releases the contexts.
-        Ok(torn_down.and(freed)?)
+        torn_down.and(freed.map_err(Error::from))
     }
 }
 
 impl<M: AccessMode> Drop for VirtualBuffer<M> {
     fn drop(&mut self) {
-        // Unmap every page, then release the memory; the reservation is freed after this body (the
-        // field's own drop), and the contexts are released after it. Errors are ignored: `drop`
-        // cannot return them, and a range the driver refuses to unmap cannot be unmapped later
-        // either (it, and the reservation around it, then leak). Call `free` to see them.
+        // Wait for every retire's work, unmap every page, then release the memory; the reservation
+        // is freed after this body (the field's own drop), and the contexts are released after it.
+        // Errors are ignored: `drop` cannot return them, and a range the driver refuses to unmap
+        // cannot be unmapped later either (it, and the reservation around it, then leak). Call
+        // `free` to see them.
         let _ = self.teardown();
     }
+}
+
+/// Unmaps and releases `table.pages[span]`, every one tried; the pages the driver refuses to unmap
+/// stay. A retired page in the span is refused before any driver call.
+fn unmap_span(base: u64, table: &mut Table, span: Range<usize>) -> Result<usize, Error> {
+    let Some(pages) = table.pages.get(span.clone()) else {
+        return Ok(0);
+    };
+    if let Some(page) = pages.iter().find(|p| p.retired) {
+        return Err(Error::PageRange {
+            start: page.offset,
+            end: page.end(),
+            problem: RETIRED,
+        });
+    }
+    let mut kept = Vec::new();
+    let mut first: DriverResult<()> = Ok(());
+    let mut unmapped = 0usize;
+    for page in table.pages.drain(span.clone()) {
+        bump(&mut table.stats.unmap_calls);
+        let address = base.wrapping_add(page.offset as u64);
+        // SAFETY: `[address, address + size)` is the page's whole mapping, made by `map_at` and
+        // unmapped once: the page leaves the buffer below unless the driver refuses. It is not
+        // retired (checked), so no work of a retire can use it; no view lives (`&mut self`), and
+        // every copy through one finished before it returned.
+        let result = check(unsafe { sys::cuMemUnmap(address, page.memory.size()) });
+        let result = match result {
+            Ok(()) => {
+                unmapped = unmapped.saturating_add(1);
+                bump(&mut table.stats.pages_released);
+                page.memory.release_code()
+            }
+            Err(error) => {
+                kept.push(page);
+                Err(error)
+            }
+        };
+        if first.is_ok() {
+            first = result;
+        }
+    }
+    // Back where they were: `kept` is sorted and lies inside the drained span.
+    table.pages.splice(span.start..span.start, kept);
+    first?;
+    Ok(unmapped)
 }
 
 /// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device).

@@ -13,7 +13,21 @@ pub(super) trait Span {
     fn start(&self) -> usize;
     fn end(&self) -> usize;
     fn granted(&self) -> bool;
+    /// Retired: released once the work queued before the retire has finished, and neither viewed nor
+    /// overlapped by a new page meanwhile.
+    fn retired(&self) -> bool {
+        false
+    }
+    /// The count of pages mapped before this one, when it was mapped: a view made at an earlier
+    /// count never covers it.
+    fn epoch(&self) -> u64 {
+        0
+    }
 }
+
+/// What a retired page's bytes are, in errors.
+pub(super) const RETIRED: &str =
+    "are retired: released once the work queued before the retire has finished";
 
 /// Where a new page `[offset, end)` goes in `pages` (sorted, disjoint, `offset < end`); the mapped
 /// page it would overlap is an error.
@@ -29,7 +43,11 @@ pub(super) fn insertion_point<S: Span>(
             return Err(Error::PageRange {
                 start: page.start(),
                 end: page.end(),
-                problem: "are mapped already",
+                problem: if page.retired() {
+                    RETIRED
+                } else {
+                    "are mapped already"
+                },
             });
         }
     }
@@ -39,16 +57,36 @@ pub(super) fn insertion_point<S: Span>(
 /// Checks that granted pages of `pages` (sorted, disjoint) cover every byte of `[start, end)`; the
 /// first hole, or the first page not granted, is an error.
 pub(super) fn check_covered<S: Span>(pages: &[S], start: usize, end: usize) -> Result<(), Error> {
+    check_covered_at(pages, start, end, u64::MAX)
+}
+
+/// As [`check_covered`], for a view made when the count of mapped pages was `epoch`: a page retired,
+/// or mapped later, is an error too.
+pub(super) fn check_covered_at<S: Span>(
+    pages: &[S],
+    start: usize,
+    end: usize,
+    epoch: u64,
+) -> Result<(), Error> {
     let mut at = start;
     let mut index = pages.partition_point(|p| p.end() <= start);
     while at < end {
         let hole_end = match pages.get(index) {
             Some(page) if page.start() <= at => {
-                if !page.granted() {
+                let problem = if page.retired() {
+                    Some(RETIRED)
+                } else if page.epoch() > epoch {
+                    Some("are a page mapped after the view was made, in a range retired before")
+                } else if !page.granted() {
+                    Some("are mapped but not granted (undoing a failed grant failed)")
+                } else {
+                    None
+                };
+                if let Some(problem) = problem {
                     return Err(Error::PageRange {
                         start: page.start(),
                         end: page.end(),
-                        problem: "are mapped but not granted (undoing a failed grant failed)",
+                        problem,
                     });
                 }
                 at = page.end();
@@ -97,6 +135,89 @@ pub(super) fn pages_inside<S: Span>(
     Ok(first..last)
 }
 
+/// The byte ranges of a buffer lent to a scope, `[start, end)`: those lent for writing, each once and
+/// exclusively, and those lent for reading, merged.
+#[derive(Debug, Default)]
+pub(super) struct Claims {
+    writes: Vec<(usize, usize)>,
+    /// Sorted, disjoint, merged where they touch.
+    reads: Vec<(usize, usize)>,
+}
+
+impl Claims {
+    /// Claims `[start, end)` for reading: refused where a write claim shares a byte.
+    pub(super) fn read(&mut self, start: usize, end: usize) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        shared_with(&self.writes, start, end, "are lent for writing")?;
+        let first = self.reads.partition_point(|r| r.1 < start);
+        let last = self.reads.partition_point(|r| r.0 <= end);
+        let merged = self
+            .reads
+            .get(first..last)
+            .unwrap_or_default()
+            .iter()
+            .fold((start, end), |(s, e), r| (s.min(r.0), e.max(r.1)));
+        self.reads.splice(first..last.max(first), [merged]);
+        Ok(())
+    }
+
+    /// Claims `[start, end)` for writing: refused where any claim shares a byte.
+    pub(super) fn write(&mut self, start: usize, end: usize) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        shared_with(&self.writes, start, end, "are lent for writing")?;
+        shared_with(&self.reads, start, end, "are lent for reading")?;
+        self.writes.push((start, end));
+        Ok(())
+    }
+
+    /// Forgets the claims on `[start, end)`, retired: write claims that share a byte go (their
+    /// memory can no longer be lent), read claims lose those bytes.
+    pub(super) fn forget(&mut self, start: usize, end: usize) {
+        self.writes.retain(|w| w.1 <= start || w.0 >= end);
+        let mut kept = Vec::with_capacity(self.reads.len().saturating_add(1));
+        for &(s, e) in &self.reads {
+            if e <= start || s >= end {
+                kept.push((s, e));
+                continue;
+            }
+            if s < start {
+                kept.push((s, start));
+            }
+            if e > end {
+                kept.push((end, e));
+            }
+        }
+        self.reads = kept;
+    }
+
+    /// Forgets every claim (the scope that held them has ended).
+    pub(super) fn clear(&mut self) {
+        self.writes.clear();
+        self.reads.clear();
+    }
+}
+
+/// `Err` naming the bytes `[start, end)` shares with one of `claims`.
+fn shared_with(
+    claims: &[(usize, usize)],
+    start: usize,
+    end: usize,
+    problem: &'static str,
+) -> Result<(), Error> {
+    match claims.iter().find(|c| c.0 < end && c.1 > start) {
+        Some(c) => Err(Error::PageRange {
+            start: c.0.max(start),
+            end: c.1.min(end),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Checks a new mapping of `size` bytes at byte `offset` of a reserved range of `len` bytes at `base`,
 /// before any driver call: a non-zero size, and size, offset and address multiples of the memory's
 /// `granularity`, inside the range (`what` names the range in the error). The mapping's end.
@@ -133,6 +254,142 @@ pub(super) fn check_new_range(
         })?;
     check_multiple("mapping address", address, granularity)?;
     Ok(end)
+}
+
+#[cfg(test)]
+mod claims {
+    use super::Claims;
+    use crate::Error;
+
+    fn problem(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
+        match result {
+            Ok(()) => None,
+            Err(Error::PageRange {
+                start,
+                end,
+                problem,
+            }) => Some((start, end, problem)),
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn writes_are_exclusive_and_reads_shared() {
+        let mut claims = Claims::default();
+        assert_eq!(problem(claims.write(0, 10)), None);
+        assert_eq!(
+            problem(claims.write(10, 20)),
+            None,
+            "adjacent writes share no byte"
+        );
+        assert_eq!(
+            problem(claims.write(5, 15)),
+            Some((5, 10, "are lent for writing")),
+            "the first claim it meets, and only the shared bytes"
+        );
+        assert_eq!(
+            problem(claims.read(15, 25)),
+            Some((15, 20, "are lent for writing"))
+        );
+        assert_eq!(problem(claims.read(20, 30)), None);
+        assert_eq!(problem(claims.read(20, 30)), None, "a range read twice");
+        assert_eq!(problem(claims.read(40, 50)), None);
+        assert_eq!(problem(claims.read(30, 40)), None, "merges the three");
+        assert_eq!(claims.reads, vec![(20, 50)]);
+        assert_eq!(
+            problem(claims.write(45, 60)),
+            Some((45, 50, "are lent for reading"))
+        );
+        assert_eq!(
+            problem(claims.write(7, 7)),
+            None,
+            "an empty range claims nothing"
+        );
+    }
+
+    #[test]
+    fn a_retired_range_frees_its_claims() {
+        let mut claims = Claims::default();
+        claims.write(0, 10).unwrap();
+        claims.write(10, 30).unwrap();
+        claims.read(30, 60).unwrap();
+        claims.forget(20, 40);
+        assert_eq!(
+            claims.writes,
+            vec![(0, 10)],
+            "a write that shares a byte goes whole"
+        );
+        assert_eq!(claims.reads, vec![(40, 60)]);
+        claims.read(10, 20).unwrap();
+        claims.forget(45, 50);
+        assert_eq!(
+            claims.reads,
+            vec![(10, 20), (40, 45), (50, 60)],
+            "cut in two"
+        );
+        claims.clear();
+        assert_eq!(problem(claims.write(0, 100)), None);
+    }
+}
+
+#[cfg(test)]
+mod retired {
+    use super::{RETIRED, Span, check_covered_at, insertion_point};
+    use crate::Error;
+
+    /// `[start, end)`, retired, epoch.
+    struct R(usize, usize, bool, u64);
+
+    impl Span for R {
+        fn start(&self) -> usize {
+            self.0
+        }
+        fn end(&self) -> usize {
+            self.1
+        }
+        fn granted(&self) -> bool {
+            true
+        }
+        fn retired(&self) -> bool {
+            self.2
+        }
+        fn epoch(&self) -> u64 {
+            self.3
+        }
+    }
+
+    fn refusal(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
+        match result {
+            Err(Error::PageRange {
+                start,
+                end,
+                problem,
+            }) => Some((start, end, problem)),
+            Ok(()) => None,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn retired_and_later_pages_give_no_view_and_take_no_page() {
+        let pages = [R(0, 4, false, 1), R(4, 8, true, 2), R(8, 12, false, 5)];
+        assert_eq!(refusal(check_covered_at(&pages, 0, 4, 1)), None);
+        assert_eq!(
+            refusal(check_covered_at(&pages, 2, 6, 9)),
+            Some((4, 8, RETIRED))
+        );
+        let later = refusal(check_covered_at(&pages, 8, 12, 4)).map(|r| (r.0, r.1));
+        assert_eq!(
+            later,
+            Some((8, 12)),
+            "mapped at epoch 5, after a view of epoch 4"
+        );
+        assert_eq!(refusal(check_covered_at(&pages, 8, 12, 5)), None);
+        match insertion_point(&pages, 4, 8) {
+            Err(Error::PageRange { problem, .. }) => assert_eq!(problem, RETIRED),
+            other => panic!("a retired range took a page: {other:?}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,10 +9,9 @@ use crate::error::Error;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 
-use super::lend::{DeviceInFlight, ScopedWrite, lend, sealed};
+use super::lend::{DeviceInFlight, ScopedRead, ScopedWrite, sealed};
 #[cfg(doc)]
 use super::scope::ScopedStream;
-use super::scope::reachable;
 
 /// One argument of a kernel launched on a [`ScopedStream`]: a view lent for the rest of the scope
 /// (read-only: `DeviceSlice<'scope, T>`, `&'scope DeviceSlice<'_, T>`,
@@ -29,9 +28,13 @@ pub trait KernelArg<'scope>: sealed::Arg {
     /// `Err` unless `device` reaches the view's memory; `Ok` for a plain value.
     #[doc(hidden)]
     fn check(&self, device: Device) -> Result<(), Error>;
-    /// The parameter, and what the launch returns.
+    /// The parameter, what the launch returns, and the count of a lend in progress, held until the
+    /// kernel is queued; the view lent to work on the token's stream.
     #[doc(hidden)]
-    fn into_param(self) -> (Self::Param, Self::Output);
+    fn into_param(
+        self,
+        token: sealed::Token,
+    ) -> Result<(Self::Param, Self::Output, sealed::Counted<'scope>), Error>;
 }
 
 impl<T: Pod> sealed::Arg for T {}
@@ -41,8 +44,8 @@ impl<T: Pod> KernelArg<'_> for T {
     fn check(&self, _: Device) -> Result<(), Error> {
         Ok(())
     }
-    fn into_param(self) -> (T, ()) {
-        (self, ())
+    fn into_param(self, _: sealed::Token) -> Result<(T, (), sealed::Counted<'static>), Error> {
+        Ok((self, (), sealed::Counted(None)))
     }
 }
 
@@ -54,10 +57,14 @@ macro_rules! read_arg {
             type Output = ();
             type Param = sys::CUdeviceptr;
             fn check(&self, device: Device) -> Result<(), Error> {
-                reachable(&lend::<'scope, T>(*self), device)
+                ScopedRead::<'scope, T>::check_reach(self, device)
             }
-            fn into_param(self) -> (sys::CUdeviceptr, ()) {
-                (lend::<'scope, T>(self).as_raw_ptr(), ())
+            fn into_param(
+                self,
+                token: sealed::Token,
+            ) -> Result<(sys::CUdeviceptr, (), sealed::Counted<'scope>), Error> {
+                let (view, _, counted) = ScopedRead::<'scope, T>::lend(self, token)?.into_parts();
+                Ok((view.as_raw_ptr(), (), counted))
             }
         }
     )*};
@@ -66,33 +73,38 @@ read_arg!(
     DeviceSlice<'scope, T>,
     &'scope DeviceSlice<'_, T>,
     &'scope DeviceSliceMut<'_, T>,
-    DeviceInFlight<'scope, T>
+    DeviceInFlight<'scope, T>,
+    crate::owned::BufferRead<'scope, T>
 );
 
-impl<T: Pod> sealed::Arg for DeviceSliceMut<'_, T> {}
-impl<'scope, T: Pod> KernelArg<'scope> for DeviceSliceMut<'scope, T> {
-    type Output = DeviceInFlight<'scope, T>;
-    type Param = sys::CUdeviceptr;
-    fn check(&self, device: Device) -> Result<(), Error> {
-        reachable(&self.as_slice(), device)
-    }
-    fn into_param(self) -> (sys::CUdeviceptr, DeviceInFlight<'scope, T>) {
-        let written = self.lend_mut();
-        (written.as_raw_ptr(), DeviceInFlight { view: written })
-    }
+/// `KernelArg` for the writable view forms: the address, and the [`DeviceInFlight`] of the write.
+macro_rules! write_arg {
+    ($($ty:ty),*) => {$(
+        impl<'scope, T: Pod> sealed::Arg for $ty {}
+        impl<'scope, T: Pod> KernelArg<'scope> for $ty {
+            type Output = DeviceInFlight<'scope, T>;
+            type Param = sys::CUdeviceptr;
+            fn check(&self, device: Device) -> Result<(), Error> {
+                ScopedWrite::<'scope, T>::check_reach(self, device)
+            }
+            fn into_param(
+                self,
+                token: sealed::Token,
+            ) -> Result<(sys::CUdeviceptr, DeviceInFlight<'scope, T>, sealed::Counted<'scope>), Error>
+            {
+                let lent = ScopedWrite::<'scope, T>::lend_mut(self, token)?;
+                let written = lent.written();
+                let (view, _, counted) = lent.into_parts();
+                Ok((view.as_raw_ptr(), written, counted))
+            }
+        }
+    )*};
 }
-impl<T: Pod> sealed::Arg for &mut DeviceSliceMut<'_, T> {}
-impl<'scope, T: Pod> KernelArg<'scope> for &'scope mut DeviceSliceMut<'_, T> {
-    type Output = DeviceInFlight<'scope, T>;
-    type Param = sys::CUdeviceptr;
-    fn check(&self, device: Device) -> Result<(), Error> {
-        reachable(&self.as_slice(), device)
-    }
-    fn into_param(self) -> (sys::CUdeviceptr, DeviceInFlight<'scope, T>) {
-        let written = self.lend_mut();
-        (written.as_raw_ptr(), DeviceInFlight { view: written })
-    }
-}
+write_arg!(
+    DeviceSliceMut<'scope, T>,
+    &'scope mut DeviceSliceMut<'_, T>,
+    &mut super::lend::Rewritable<'scope, T>
+);
 
 /// The arguments of a kernel launched on a [`ScopedStream`]: a tuple (of up to 12) of
 /// [`KernelArg`]s, `()` for none. Sealed.
@@ -102,10 +114,12 @@ pub trait KernelArgs<'scope>: sealed::Args {
     /// `Err` unless `device` reaches every view's memory.
     #[doc(hidden)]
     fn check(&self, device: Device) -> Result<(), Error>;
-    /// Calls `launch` with one pointer per argument, each at the argument's value, alive for the call.
+    /// Calls `launch` with one pointer per argument, each at the argument's value, alive for the call;
+    /// the views lent to work on the token's stream.
     #[doc(hidden)]
     fn launch_with(
         self,
+        token: sealed::Token,
         launch: impl FnOnce(&mut [*mut c_void]) -> Result<(), Error>,
     ) -> Result<Self::Output, Error>;
 }
@@ -118,6 +132,7 @@ impl KernelArgs<'_> for () {
     }
     fn launch_with(
         self,
+        _: sealed::Token,
         launch: impl FnOnce(&mut [*mut c_void]) -> Result<(), Error>,
     ) -> Result<(), Error> {
         launch(&mut [])
@@ -125,7 +140,7 @@ impl KernelArgs<'_> for () {
 }
 
 macro_rules! kernel_args {
-    ($(($($arg:ident $value:ident $out:ident),+))*) => {$(
+    ($(($($arg:ident $value:ident $out:ident $held:ident),+))*) => {$(
         impl<'scope, $($arg: KernelArg<'scope>),+> sealed::Args for ($($arg,)+) {}
         impl<'scope, $($arg: KernelArg<'scope>),+> KernelArgs<'scope> for ($($arg,)+) {
             type Output = ($($arg::Output,)+);
@@ -136,11 +151,14 @@ macro_rules! kernel_args {
             }
             fn launch_with(
                 self,
+                token: sealed::Token,
                 launch: impl FnOnce(&mut [*mut c_void]) -> Result<(), Error>,
             ) -> Result<Self::Output, Error> {
                 let ($($value,)+) = self;
-                $(let (mut $value, $out) = $arg::into_param($value);)+
+                // Each count is held until the kernel is queued: dropped at the end of this body.
+                $(let (mut $value, $out, $held) = $arg::into_param($value, token)?;)+
                 launch(&mut [$((&raw mut $value).cast::<c_void>()),+])?;
+                drop(($($held,)+));
                 Ok(($($out,)+))
             }
         }
@@ -148,16 +166,16 @@ macro_rules! kernel_args {
 }
 
 kernel_args! {
-    (A a oa)
-    (A a oa, B b ob)
-    (A a oa, B b ob, C c oc)
-    (A a oa, B b ob, C c oc, D d od)
-    (A a oa, B b ob, C c oc, D d od, E e oe)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of, G g og)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of, G g og, H h oh)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of, G g og, H h oh, I i oi)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of, G g og, H h oh, I i oi, J j oj)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of, G g og, H h oh, I i oi, J j oj, K k ok)
-    (A a oa, B b ob, C c oc, D d od, E e oe, F f of, G g og, H h oh, I i oi, J j oj, K k ok, L l ol)
+    (A a oa ha)
+    (A a oa ha, B b ob hb)
+    (A a oa ha, B b ob hb, C c oc hc)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi, J j oj hj)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi, J j oj hj, K k ok hk)
+    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi, J j oj hj, K k ok hk, L l ol hl)
 }

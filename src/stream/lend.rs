@@ -8,14 +8,15 @@ use core::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::device::Device;
+use crate::error::Error;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 
-#[cfg(doc)]
 use super::event::Event;
 use super::pinned::PinnedBuffer;
+use super::scope::ScopedStream;
 #[cfg(doc)]
-use super::scope::{ScopedStream, scope};
+use super::scope::scope;
 
 /// Host memory that a queued download writes ([`ScopedStream::copy_to_host`]): usable only as the
 /// source of later queued uploads ([`ScopedStream::copy_from_host`]), ordered after the download
@@ -146,6 +147,10 @@ pub struct DeviceInFlight<'scope, T> {
     /// The written memory, lent exclusively to the queued work for `'scope` and seen read-only.
     /// Private: only this crate's queued operations get it ([`ScopedRead::lend`]).
     pub(super) view: DeviceSlice<'scope, T>,
+    /// Where the memory can leave while the scope lasts (a range of a
+    /// [`ScopedBuffer`](crate::owned::ScopedBuffer), which can be retired): checked again at every
+    /// lend. `None` for memory borrowed for the whole scope.
+    pub(super) origin: Option<Origin<'scope>>,
 }
 
 impl<T> Clone for DeviceInFlight<'_, T> {
@@ -197,7 +202,7 @@ impl<T: Pod> DeviceInFlight<'_, T> {
     }
 }
 
-pub(super) mod sealed {
+pub(crate) mod sealed {
     /// Sealing the lending traits: the scope's soundness rests on exactly these implementations.
     pub trait Read {}
     pub trait Write {}
@@ -212,43 +217,208 @@ pub(super) mod sealed {
     /// callable too. So `lend` takes a value that code outside the crate cannot have. Without it,
     /// `written.lend()` would turn a [`DeviceInFlight`](super::DeviceInFlight) back into a
     /// `DeviceSlice`, and its host reads (`ui-tests/stream/written_view_lent_out_of_the_seal.rs`).
-    #[derive(Debug)]
-    pub struct Token(());
+    #[derive(Debug, Clone, Copy)]
+    pub struct Token {
+        /// The stream the operation that lends queues its work on.
+        pub(crate) stream: crate::sys::CUstream,
+    }
 
     impl Token {
-        pub(super) fn new() -> Token {
-            Token(())
+        pub(in crate::stream) fn new(stream: crate::sys::CUstream) -> Token {
+            Token { stream }
+        }
+    }
+
+    /// A view as lent to one queued operation: the view, where it came from, and, for memory that
+    /// can leave while the scope lasts, the count of a lend in progress, held until the operation has
+    /// queued its work (so that a retire records its events after that work). Only this crate makes
+    /// one.
+    pub struct Lent<'scope, T> {
+        pub(in crate::stream) view: super::DeviceSlice<'scope, T>,
+        pub(in crate::stream) origin: Option<super::Origin<'scope>>,
+        pub(in crate::stream) counted: Counted<'scope>,
+    }
+
+    /// A lend in progress, counted by [`Tracker::admit`](super::Tracker::admit): uncounted when
+    /// dropped, once the operation has queued its work.
+    pub struct Counted<'scope>(pub(in crate::stream) Option<&'scope (dyn super::Tracker + 'scope)>);
+
+    impl core::fmt::Debug for Counted<'_> {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.debug_tuple("Counted").field(&self.0.is_some()).finish()
+        }
+    }
+
+    impl Drop for Counted<'_> {
+        fn drop(&mut self) {
+            if let Some(pages) = self.0 {
+                pages.done();
+            }
+        }
+    }
+
+    impl<T> core::fmt::Debug for Lent<'_, T> {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.debug_struct("Lent")
+                .field("view", &self.view)
+                .finish_non_exhaustive()
         }
     }
 }
 
-/// The view `view` lends for reading, for the crate's own operations (the only callers of
-/// [`ScopedRead::lend`], which takes a [`sealed::Token`]).
-pub(crate) fn lend<'scope, T>(view: impl ScopedRead<'scope, T>) -> DeviceSlice<'scope, T> {
-    view.lend(sealed::Token::new())
+/// Memory whose pages can leave while a scope lasts: a [`ScopedBuffer`](crate::owned::ScopedBuffer)'s
+/// page table, which admits each lend of one of its views.
+pub(crate) trait Tracker: Sync {
+    /// Whether the view `[ptr, ptr + bytes)`, made when the table was at `epoch`, may be lent now:
+    /// every byte on a page that is neither retired nor mapped after the view was made. On `Ok`, a
+    /// lend in progress is counted until [`done`](Tracker::done).
+    fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<(), Error>;
+    /// The lend counted by `admit` has queued its work (or given up).
+    fn done(&self);
+}
+
+/// The streams of a scope, which a retire records its events on.
+pub(crate) trait Registry: Sync {
+    /// Whether work queued on `stream` is waited for by the scope.
+    fn registered(&self, stream: sys::CUstream) -> bool;
+    /// Calls `f` with every stream of the scope; the first error, every stream tried.
+    fn each(&self, f: &mut dyn FnMut(&super::Stream) -> Result<(), Error>) -> Result<(), Error>;
+}
+
+/// Where a lent view came from, when its memory can leave while the scope lasts: checked at every
+/// lend ([`Tracker::admit`]), and only for work queued on a stream of the scope the memory was lent
+/// to ([`Registry::registered`]), since a retire orders its release after that work only.
+///
+/// Covariant in `'scope` (trait objects' lifetime bounds are), so a handle of an enclosing scope
+/// still lends into an inner one, where the registry refuses a stream it does not know.
+#[derive(Clone, Copy)]
+pub(crate) struct Origin<'scope> {
+    pub(crate) pages: &'scope (dyn Tracker + 'scope),
+    pub(crate) streams: &'scope (dyn Registry + 'scope),
+    pub(crate) epoch: u64,
+}
+
+impl Origin<'_> {
+    fn admit<T: Pod>(self, view: &DeviceSlice<'_, T>, stream: sys::CUstream) -> Result<(), Error> {
+        if !self.streams.registered(stream) {
+            return Err(Error::StreamRefused {
+                why: "a view of a scoped buffer is lent only to work on a stream of its scope \
+                      (`Scope::on`), which its retires record their events on",
+            });
+        }
+        let bytes = view
+            .len()
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::Overflow { what: "view size" })?;
+        self.pages.admit(view.as_raw_ptr(), bytes, self.epoch)
+    }
+}
+
+impl<'scope, T: Pod> sealed::Lent<'scope, T> {
+    /// A view borrowed for the whole scope: nothing to check.
+    pub(crate) fn plain(view: DeviceSlice<'scope, T>) -> sealed::Lent<'scope, T> {
+        sealed::Lent {
+            view,
+            origin: None,
+            counted: sealed::Counted(None),
+        }
+    }
+
+    /// A view of `origin`'s memory, or one borrowed for the scope (`None`), lent to work on `stream`.
+    pub(crate) fn admit(
+        view: DeviceSlice<'scope, T>,
+        origin: Option<Origin<'scope>>,
+        stream: sys::CUstream,
+    ) -> Result<sealed::Lent<'scope, T>, Error> {
+        let Some(origin) = origin else {
+            return Ok(sealed::Lent::plain(view));
+        };
+        origin.admit(&view, stream)?;
+        Ok(sealed::Lent {
+            view,
+            origin: Some(origin),
+            counted: sealed::Counted(Some(origin.pages)),
+        })
+    }
+
+    /// The view, where it came from, and the count held until the work is queued.
+    pub(crate) fn into_parts(
+        self,
+    ) -> (
+        DeviceSlice<'scope, T>,
+        Option<Origin<'scope>>,
+        sealed::Counted<'scope>,
+    ) {
+        (self.view, self.origin, self.counted)
+    }
+
+    /// The handle an operation that wrote the view returns.
+    pub(crate) fn written(&self) -> DeviceInFlight<'scope, T> {
+        DeviceInFlight {
+            view: self.view,
+            origin: self.origin,
+        }
+    }
+}
+
+/// The view `view` lends for reading to work queued on `stream`, for the crate's own operations (the
+/// only callers of [`ScopedRead::lend`], which takes a [`sealed::Token`]).
+pub(crate) fn lend<'scope, T>(
+    view: impl ScopedRead<'scope, T>,
+    stream: sys::CUstream,
+) -> Result<sealed::Lent<'scope, T>, Error> {
+    view.lend(sealed::Token::new(stream))
+}
+
+/// The view `view` lends for writing to work queued on `stream`, for the crate's own operations.
+pub(crate) fn lend_mut<'scope, T>(
+    view: impl ScopedWrite<'scope, T>,
+    stream: sys::CUstream,
+) -> Result<sealed::Lent<'scope, T>, Error> {
+    view.lend_mut(sealed::Token::new(stream))
 }
 
 /// A device view lent to queued work for reading, for the rest of a scope: a
 /// `DeviceSlice<'scope, T>` (made inside the closure, or copied), a `&'scope DeviceSlice<'_, T>`,
-/// a `&'scope DeviceSliceMut<'_, T>`, or the [`DeviceInFlight<'scope, T>`](DeviceInFlight) of an
-/// earlier queued write. Sealed.
+/// a `&'scope DeviceSliceMut<'_, T>`, the [`DeviceInFlight<'scope, T>`](DeviceInFlight) of an
+/// earlier queued write, or a [`BufferRead`](crate::owned::BufferRead) of a
+/// [`ScopedBuffer`](crate::owned::ScopedBuffer). Sealed.
 pub trait ScopedRead<'scope, T>: sealed::Read {
-    /// The view, for `'scope`. Only this crate can call it: the token is a type that no code
-    /// outside it can make, so a [`DeviceInFlight`] never becomes a host-readable view.
+    /// The view, for `'scope`, as lent to work on the token's stream. Only this crate can call it:
+    /// the token is a type that no code outside it can make, so a [`DeviceInFlight`] never becomes
+    /// a host-readable view.
     #[doc(hidden)]
-    fn lend(self, token: sealed::Token) -> DeviceSlice<'scope, T>;
+    fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error>;
+    /// `Err(NoPeerAccess)` unless `device` reaches the view's memory: checked before any driver
+    /// call. Code outside the crate can call it, to no harm.
+    #[doc(hidden)]
+    fn check_reach(&self, device: Device) -> Result<(), Error>;
 }
 
 /// A device view lent to queued work for writing, exclusively, for the rest of a scope: a
-/// `&'scope mut DeviceSliceMut<'_, T>`, or a `DeviceSliceMut<'scope, T>` made inside the closure.
-/// Sealed: a read-only view ([`DeviceSlice`]) is not one.
+/// `&'scope mut DeviceSliceMut<'_, T>`, a `DeviceSliceMut<'scope, T>` made inside the closure, or a
+/// `&mut` [`Rewritable`], which lends the same memory for writing again and again. Sealed: a
+/// read-only view ([`DeviceSlice`]) is not one.
 pub trait ScopedWrite<'scope, T>: sealed::Write {
-    /// The memory, lent exclusively for `'scope`, as a read-only view, which the operation wraps in
-    /// the [`DeviceInFlight`] it returns. Code outside the crate can call it, to no harm: it gives
-    /// what [`DeviceSliceMut::into_slice`] and [`DeviceSliceMut::as_slice`] give, of a view that the
-    /// call consumes or borrows mutably for as long as the result lives, so no queued work holds it.
+    /// The memory, lent exclusively for `'scope` to work on the token's stream, as a read-only view
+    /// that the operation wraps in the [`DeviceInFlight`] it returns. Only this crate can call it.
     #[doc(hidden)]
-    fn lend_mut(self) -> DeviceSlice<'scope, T>;
+    fn lend_mut(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error>;
+    /// As [`ScopedRead::check_reach`].
+    #[doc(hidden)]
+    fn check_reach(&self, device: Device) -> Result<(), Error>;
+}
+
+/// `Err(NoPeerAccess)` unless `view` is reachable from `device`.
+pub(crate) fn reachable<T: Pod>(view: &DeviceSlice<'_, T>, device: Device) -> Result<(), Error> {
+    if view.reachable_from(device) {
+        Ok(())
+    } else {
+        Err(Error::NoPeerAccess {
+            device: device.as_raw(),
+            owner: view.device().as_raw(),
+        })
+    }
 }
 
 /// Host memory lent to queued uploads for the rest of a scope: a `&'scope [T]`, a
@@ -262,42 +432,194 @@ pub trait HostSource<'scope, T>: sealed::Host {
 
 impl<T: Pod> sealed::Read for DeviceSlice<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for DeviceSlice<'scope, T> {
-    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
-        self
+    fn lend(self, _: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        Ok(sealed::Lent::plain(self))
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(self, device)
     }
 }
 impl<T: Pod> sealed::Read for &DeviceSlice<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for &'scope DeviceSlice<'_, T> {
-    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
-        *self
+    fn lend(self, _: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        Ok(sealed::Lent::plain(*self))
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(self, device)
     }
 }
 impl<T: Pod> sealed::Read for &DeviceSliceMut<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for &'scope DeviceSliceMut<'_, T> {
-    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
-        self.as_slice()
+    fn lend(self, _: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        Ok(sealed::Lent::plain(self.as_slice()))
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(&self.as_slice(), device)
     }
 }
 impl<T: Pod> sealed::Read for DeviceInFlight<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for DeviceInFlight<'scope, T> {
-    fn lend(self, _: sealed::Token) -> DeviceSlice<'scope, T> {
-        self.view
+    fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        sealed::Lent::admit(self.view, self.origin, token.stream)
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(&self.view, device)
     }
 }
 
 impl<T: Pod> sealed::Write for DeviceSliceMut<'_, T> {}
 impl<'scope, T: Pod> ScopedWrite<'scope, T> for DeviceSliceMut<'scope, T> {
-    fn lend_mut(self) -> DeviceSlice<'scope, T> {
-        self.into_slice()
+    fn lend_mut(self, _: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        Ok(sealed::Lent::plain(self.into_slice()))
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(&self.as_slice(), device)
     }
 }
 impl<T: Pod> sealed::Write for &mut DeviceSliceMut<'_, T> {}
 impl<'scope, T: Pod> ScopedWrite<'scope, T> for &'scope mut DeviceSliceMut<'_, T> {
-    fn lend_mut(self) -> DeviceSlice<'scope, T> {
+    fn lend_mut(self, _: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
         // The exclusive borrow, held for `'scope`, seen as shared: nothing else can use the view until
         // the scope ends.
         let lent: &'scope DeviceSliceMut<'_, T> = self;
-        lent.as_slice()
+        Ok(sealed::Lent::plain(lent.as_slice()))
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(&self.as_slice(), device)
+    }
+}
+
+/// Device memory lent for writing for the rest of a scope that queued work may write again and
+/// again: each write, lent as `&mut rewritable`, is ordered after the one before, because every write
+/// runs on one stream at a time. A ring of two slots then serves any number of batches.
+///
+/// Made by [`ScopedStream::rewritable`] from a writable view (which it lends for the rest of the
+/// scope), or by [`ScopedBuffer::write`](crate::owned::ScopedBuffer::write). The first write may run
+/// on any stream of the scope, and binds the memory to it; a write on another stream is refused
+/// ([`Error::StreamRefused`], before any driver call) until [`hand_over`](Rewritable::hand_over)
+/// orders the new stream after the old one behind an [`Event`]. Each write returns a
+/// [`DeviceInFlight`], with which later work reads what it wrote; reads queued on other streams are
+/// ordered by the caller, as for every [`DeviceInFlight`], and a read ordered after a later write
+/// reads that write's bytes.
+///
+/// Like a [`DeviceInFlight`], it gives the host nothing: no host read, no view.
+///
+/// # Lifetimes
+/// `'scope` is the exclusive borrow of the memory, which lasts the scope.
+///
+/// # Examples
+/// Two slots, a hundred batches, one scope:
+/// ```no_run
+/// use cuda_vmm::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let context = Context::new(Device::get(0)?)?;
+/// let mut slots = DeviceBuffer::<u32>::zeroed(&context, 2 * 1024)?;
+/// let batches: Vec<PinnedBuffer<u32>> = (0..100)
+///     .map(|b| PinnedBuffer::from_slice(&context, &vec![b; 1024]))
+///     .collect::<Result<_, _>>()?;
+/// let mut sums = PinnedBuffer::<u32>::zeroed(&context, 100 * 1024)?;
+/// let stream = Stream::new(&context)?;
+/// let (mut a, mut b) = slots.as_mut_slice().split_at_mut(1024)?;
+/// cuda_vmm::scope(|s| {
+///     let up = s.on(&stream);
+///     let mut ring = [up.rewritable(&mut a)?, up.rewritable(&mut b)?];
+///     for (i, (batch, out)) in batches.iter().zip(sums.chunks_mut(1024)).enumerate() {
+///         let written = up.copy_from_host(&mut ring[i % 2], batch)?; // after the slot's last write
+///         up.copy_to_host(out, written)?;
+///     }
+///     Ok(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Rewritable<'scope, T> {
+    pub(crate) view: DeviceSlice<'scope, T>,
+    pub(crate) origin: Option<Origin<'scope>>,
+    /// The stream of the last write, which the next one must run on (`None` before the first).
+    pub(crate) stream: Option<sys::CUstream>,
+}
+
+// SAFETY: a `Rewritable` is a view's address, length and context, and the raw handle of a stream
+// that it only compares: it gives no thread any access to the memory, and its `&mut` lends are
+// exclusive by the borrow rules.
+unsafe impl<T: Send> Send for Rewritable<'_, T> {}
+// SAFETY: `&Rewritable` gives nothing but the length and the device.
+unsafe impl<T: Sync> Sync for Rewritable<'_, T> {}
+
+impl<T> fmt::Debug for Rewritable<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rewritable")
+            .field("view", &self.view)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'scope, T: Pod> Rewritable<'scope, T> {
+    /// The number of values.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.view.is_empty()
+    }
+
+    /// The device whose context the memory's copies run in.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.view.device()
+    }
+
+    /// `cuEventRecord`, `cuStreamWaitEvent` — let the next write run on `to`: record `event` on the
+    /// stream of the last write and make `to` wait for it, so every write and read queued there
+    /// before now comes first. Before the first write it only binds the memory to `to`.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] for an event of another device than the last write's stream (before
+    /// any driver call); [`Error::StreamRefused`] where `from` is not the stream of the last write;
+    /// the driver's error otherwise, and the memory stays bound to its stream.
+    #[doc(alias = "cuEventRecord")]
+    #[doc(alias = "cuStreamWaitEvent")]
+    pub fn hand_over(
+        &mut self,
+        from: ScopedStream<'scope>,
+        to: ScopedStream<'scope>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        if let Some(stream) = self.stream {
+            if stream != from.as_raw() {
+                return Err(Error::StreamRefused {
+                    why: "the memory was last written on another stream than `from`",
+                });
+            }
+            from.record(event)?;
+            to.wait(event)?;
+        }
+        self.stream = Some(to.as_raw());
+        Ok(())
+    }
+}
+
+impl<T: Pod> sealed::Write for &mut Rewritable<'_, T> {}
+impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
+    fn lend_mut(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        if self.stream.is_some_and(|s| s != token.stream) {
+            return Err(Error::StreamRefused {
+                why: "memory written on one stream is written again on another only behind an event \
+                      (`Rewritable::hand_over`)",
+            });
+        }
+        let lent = sealed::Lent::admit(self.view, self.origin, token.stream)?;
+        self.stream = Some(token.stream);
+        Ok(lent)
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(&self.view, device)
     }
 }
 

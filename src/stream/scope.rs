@@ -10,11 +10,9 @@ use std::sync::{Mutex, PoisonError};
 
 use bytemuck::Pod;
 
-use crate::device::Device;
 use crate::error::{Error, Result, check, first_error};
 use crate::module::Function;
 use crate::sys;
-use crate::view::DeviceSlice;
 #[cfg(doc)]
 use crate::view::DeviceSliceMut;
 use crate::wait;
@@ -23,7 +21,10 @@ use super::Stream;
 #[cfg(doc)]
 use super::event::Event;
 use super::launch::KernelArgs;
-use super::lend::{DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite, lend};
+use super::lend::{
+    DeviceInFlight, HostInFlight, HostSource, Registry, Rewritable, ScopedRead, ScopedWrite, lend,
+    lend_mut, reachable, sealed,
+};
 #[cfg(doc)]
 use super::pinned::PinnedBuffer;
 
@@ -236,10 +237,28 @@ impl<'scope> Scope<'scope, '_> {
         }
     }
 
+    /// The streams of the scope, for the handles whose memory can leave while it lasts
+    /// ([`ScopedBuffer`](crate::owned::ScopedBuffer)).
+    pub(crate) fn registry(&'scope self) -> &'scope (dyn Registry + 'scope) {
+        &self.streams
+    }
+
     /// Waits for every registered stream, all of them even after an error; the first error.
     fn wait_all(&self) -> Result<(), Error> {
         let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
         first_error(streams.iter().map(Stream::synchronize))
+    }
+}
+
+impl Registry for Mutex<Streams<'_, Stream>> {
+    fn registered(&self, stream: sys::CUstream) -> bool {
+        let streams = self.lock().unwrap_or_else(PoisonError::into_inner);
+        streams.iter().any(|s| s.raw == stream)
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&Stream) -> Result<(), Error>) -> Result<(), Error> {
+        let streams = self.lock().unwrap_or_else(PoisonError::into_inner);
+        first_error(streams.iter().map(f))
     }
 }
 
@@ -316,18 +335,6 @@ impl Deref for ScopedStream<'_> {
     }
 }
 
-/// `Err(NoPeerAccess)` unless `view` is reachable from `device`.
-pub(super) fn reachable<T: Pod>(view: &DeviceSlice<'_, T>, device: Device) -> Result<(), Error> {
-    if view.reachable_from(device) {
-        Ok(())
-    } else {
-        Err(Error::NoPeerAccess {
-            device: device.as_raw(),
-            owner: view.device().as_raw(),
-        })
-    }
-}
-
 fn check_len(expected: usize, found: usize) -> Result<(), Error> {
     if expected == found {
         Ok(())
@@ -337,6 +344,26 @@ fn check_len(expected: usize, found: usize) -> Result<(), Error> {
 }
 
 impl<'scope> ScopedStream<'scope> {
+    /// Lends `view` for writing for the rest of the scope, as a [`Rewritable`] that queued work writes
+    /// again and again, each write ordered after the one before (see [`Rewritable`]). No driver call;
+    /// the first write binds it to its stream.
+    ///
+    /// # Errors
+    /// As the view's lend: [`Error::StreamRefused`] for a view of a
+    /// [`ScopedBuffer`](crate::owned::ScopedBuffer) of another scope, [`Error::PageRange`] for one
+    /// whose pages have been retired.
+    pub fn rewritable<T: Pod>(
+        &self,
+        view: impl ScopedWrite<'scope, T>,
+    ) -> Result<Rewritable<'scope, T>, Error> {
+        let (view, origin, _) = lend_mut(view, self.stream.raw)?.into_parts();
+        Ok(Rewritable {
+            view,
+            origin,
+            stream: None,
+        })
+    }
+
     /// `cuMemcpyHtoDAsync` — queue a copy of `src` (host memory, the same length) into `dst`.
     ///
     /// `dst` is a writable view lent for the rest of the scope (`&mut view`, or a view made inside
@@ -357,7 +384,8 @@ impl<'scope> ScopedStream<'scope> {
         dst: impl ScopedWrite<'scope, T>,
         src: impl HostSource<'scope, T>,
     ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        let dst = dst.lend_mut();
+        let lent = lend_mut(dst, self.stream.raw)?;
+        let dst = lent.view;
         let (src, len) = src.host_parts();
         check_len(dst.len(), len)?;
         reachable(&dst, self.device())?;
@@ -377,7 +405,7 @@ impl<'scope> ScopedStream<'scope> {
                 )
             })?;
         }
-        Ok(DeviceInFlight { view: dst })
+        Ok(lent.written())
     }
 
     /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
@@ -397,7 +425,8 @@ impl<'scope> ScopedStream<'scope> {
         dst: &'scope mut [T],
         src: impl ScopedRead<'scope, T>,
     ) -> Result<HostInFlight<'scope, T>, Error> {
-        let src = lend(src);
+        let lent = lend(src, self.stream.raw)?;
+        let src = lent.view;
         check_len(dst.len(), src.len())?;
         reachable(&src, self.device())?;
         self.stream.admit_work()?;
@@ -443,7 +472,8 @@ impl<'scope> ScopedStream<'scope> {
         dst: impl ScopedWrite<'scope, T>,
         src: impl ScopedRead<'scope, T>,
     ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        let (dst, src) = (dst.lend_mut(), lend(src));
+        let (written, read) = (lend_mut(dst, self.stream.raw)?, lend(src, self.stream.raw)?);
+        let (dst, src) = (written.view, read.view);
         check_len(dst.len(), src.len())?;
         reachable(&dst, self.device())?;
         reachable(&src, self.device())?;
@@ -463,7 +493,7 @@ impl<'scope> ScopedStream<'scope> {
                 )
             })?;
         }
-        Ok(DeviceInFlight { view: dst })
+        Ok(written.written())
     }
 
     /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
@@ -479,7 +509,8 @@ impl<'scope> ScopedStream<'scope> {
         dst: impl ScopedWrite<'scope, T>,
         byte: u8,
     ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        let dst = dst.lend_mut();
+        let lent = lend_mut(dst, self.stream.raw)?;
+        let dst = lent.view;
         reachable(&dst, self.device())?;
         self.stream.admit_work()?;
         if !dst.is_empty() {
@@ -495,7 +526,7 @@ impl<'scope> ScopedStream<'scope> {
                 )
             })?;
         }
-        Ok(DeviceInFlight { view: dst })
+        Ok(lent.written())
     }
 
     /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
@@ -542,7 +573,7 @@ impl<'scope> ScopedStream<'scope> {
         }
         args.check(device)?;
         self.stream.admit_work()?;
-        args.launch_with(|params| {
+        args.launch_with(sealed::Token::new(self.stream.raw), |params| {
             let params = if params.is_empty() {
                 ptr::null_mut()
             } else {

@@ -7,7 +7,7 @@ use cuda_vmm::{Device, Error, ReadWrite, VirtualBuffer};
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;
     let page = 2 << 20;
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    let buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
     let view = buffer.slice_bytes::<u32>(..page)?;
 

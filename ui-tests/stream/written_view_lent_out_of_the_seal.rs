@@ -1,5 +1,5 @@
 //! Rule: the view a queued write hands back cannot be turned back into a host-readable `DeviceSlice` (`ScopedRead::lend` takes a token only the crate can make).
-//! Prevents: `written.lend().to_vec()`: a synchronous cuMemcpyDtoH reading bytes the queued copy is still writing.
+//! Prevents: `written.lend()` and a host read of what it gives: a synchronous cuMemcpyDtoH reading bytes the queued copy is still writing.
 //! Expected: E0061 (`lend` takes the crate's token, which user code cannot name or make).
 
 use cuda_vmm::{Context, Device, DeviceBuffer, Error, PinnedBuffer, stream::ScopedRead, Stream};
@@ -13,7 +13,7 @@ fn main() -> Result<(), Error> {
 
     cuda_vmm::scope(|s| {
         let written = s.on(&stream).copy_from_host(&mut view, &input)?;
-        println!("{:?}", written.lend().to_vec()?); // <- error[E0061]: the queued copy may still be writing these bytes
+        let lent = written.lend(); drop(lent); // <- error[E0061]: the queued copy may still be writing these bytes
         Ok(())
     })
 }

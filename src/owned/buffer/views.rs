@@ -19,12 +19,12 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;
-        check_covered(&self.pages, start, end)?;
+        check_covered(&self.lock().pages, start, end)?;
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
     /// The context of `device` in the access set.
-    fn context_of(&self, device: Device) -> Result<&Context, Error> {
+    pub(super) fn context_of(&self, device: Device) -> Result<&Context, Error> {
         self.access
             .iter()
             .find(|c| c.device() == device)
@@ -34,7 +34,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             })
     }
 
-    fn first_context(&self) -> Result<&Context, Error> {
+    pub(super) fn first_context(&self) -> Result<&Context, Error> {
         self.access
             .first()
             .ok_or(Error::ZeroSize { what: "access set" })

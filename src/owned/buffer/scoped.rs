@@ -1,0 +1,394 @@
+//! [`ScopedBuffer`]: a [`VirtualBuffer`] lent to a scope, which grows, lends views of its pages to
+//! queued work and retires pages while the work runs, never waiting on the host.
+
+use core::fmt;
+use core::ops::RangeBounds;
+
+use bytemuck::Pod;
+
+use super::retire::EachStream;
+use super::{BUDGET, BufferStats, PageInfo, VirtualBuffer};
+use crate::device::{Context, Device};
+use crate::error::Error;
+use crate::owned::pages::check_covered;
+use crate::stream::lend::{Origin, Registry, Rewritable, ScopedRead, reachable, sealed};
+use crate::stream::{Scope, Stream};
+use crate::view::{DeviceSlice, Reach, range_bounds};
+use crate::vmm::access::{AccessMode, ReadWrite, elements};
+
+/// A [`VirtualBuffer`] lent to one [`scope`](crate::scope) for all of it, so that its pages change
+/// while the scope's work runs: it grows, lends views of its pages to queued work, and retires pages
+/// after the work queued so far, with no host wait and no end of the scope. An engine's whole loop
+/// runs in one scope: pages come and go between its steps.
+///
+/// Made by [`VirtualBuffer::in_scope`]; a `Copy` handle, shared with threads that queue work too.
+///
+/// - **Views are lendables, not slices.** [`read`](ScopedBuffer::read) gives a [`BufferRead`],
+///   [`write`](ScopedBuffer::write) a [`Rewritable`]: values that only queued work on the scope's
+///   streams takes (as arguments of [`ScopedStream`](crate::stream::ScopedStream)'s copies and
+///   launches), checked again at every lend: a view of a retired page is refused then
+///   ([`Error::PageRange`]), also through the [`DeviceInFlight`](crate::stream::DeviceInFlight) of
+///   a write to it. They give the host nothing.
+/// - **Exclusive writes, at run time.** A range lent by `write` shares no byte with another range
+///   lent by `write` or `read` in the same scope, and `read` refuses bytes lent by `write`: checked
+///   before any driver call, with the shared bytes named. Any number of reads share bytes. A range
+///   written once is written again through the same [`Rewritable`], ordered after its last write.
+/// - **Growth** ([`grow`](ScopedBuffer::grow), [`map_page`](ScopedBuffer::map_page)) maps pages into
+///   unmapped ranges, which disturbs no lent view.
+/// - **Retire** ([`retire`](ScopedBuffer::retire)) records an event on every stream of the scope,
+///   after all the work queued so far (and after every lend in progress has queued its work); the
+///   pages are released once every event has completed: by [`reclaim`](ScopedBuffer::reclaim), a
+///   later grow, map or retire, or the buffer's drop, which waits. Free memory rises only then.
+///
+/// Only work on a stream of the scope ([`Scope::on`]) takes its views: a retire orders its release
+/// after those streams, so a view lent elsewhere (to a cudarc scope, say) is refused
+/// ([`Error::StreamRefused`]).
+///
+/// # Lifetimes
+/// `'scope` is the scope's: the buffer is borrowed exclusively for all of it, so no
+/// [`VirtualBuffer::slice_bytes`] view (which no retire could reach) lives meanwhile.
+///
+/// # Examples
+/// Grow, write, read and retire while the work runs, in one scope:
+/// ```no_run
+/// use cuda_vmm::{Context, Device, PinnedBuffer, ReadWrite, Stream, VirtualBuffer};
+///
+/// # fn main() -> cuda_vmm::Result<()> {
+/// let device = Device::get(0)?;
+/// let context = Context::new(device)?;
+/// let page = 2 << 20;
+/// let mut cache = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+/// let stream = Stream::new(&context)?;
+/// let input = PinnedBuffer::from_slice(&context, &vec![7u8; page])?;
+/// let mut output = PinnedBuffer::<u8>::zeroed(&context, page)?;
+/// cuda_vmm::scope(|s| {
+///     let work = s.on(&stream);
+///     let cache = cache.in_scope(s);
+///     let at = cache.grow(device, page)?; // while nothing waits
+///     let mut slot = cache.write::<u8>(at..at + page)?;
+///     let written = work.copy_from_host(&mut slot, &input)?;
+///     work.copy_to_host(&mut output, written)?;
+///     cache.retire(at..at + page)?; // returns at once: released after the copies
+///     assert!(work.copy_from_host(&mut slot, &input).is_err()); // retired: refused
+///     Ok(())
+/// })?;
+/// assert!(output.iter().all(|&b| b == 7));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy)]
+pub struct ScopedBuffer<'scope, M: AccessMode = ReadWrite> {
+    buffer: &'scope VirtualBuffer<M>,
+    streams: &'scope (dyn Registry + 'scope),
+}
+
+impl<M: AccessMode> fmt::Debug for ScopedBuffer<'_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ScopedBuffer").field(self.buffer).finish()
+    }
+}
+
+impl<M: AccessMode> VirtualBuffer<M> {
+    /// Lends the buffer to the scope `scope` for all of it, as a [`ScopedBuffer`]: pages grow, are
+    /// lent to queued work and retire while the work runs. No driver call. The claims of an earlier
+    /// scope's handle are forgotten (that scope has waited for its work).
+    pub fn in_scope<'scope>(
+        &'scope mut self,
+        scope: &'scope Scope<'scope, '_>,
+    ) -> ScopedBuffer<'scope, M> {
+        self.table_mut().claims.clear();
+        ScopedBuffer {
+            buffer: self,
+            streams: scope.registry(),
+        }
+    }
+}
+
+impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
+    /// As [`VirtualBuffer::base`].
+    #[must_use]
+    pub fn base(&self) -> u64 {
+        self.buffer.base()
+    }
+
+    /// As [`VirtualBuffer::budget`].
+    #[must_use]
+    pub fn budget(&self) -> usize {
+        self.buffer.budget()
+    }
+
+    /// As [`VirtualBuffer::end`].
+    #[must_use]
+    pub fn end(&self) -> usize {
+        self.buffer.end()
+    }
+
+    /// As [`VirtualBuffer::mapped_bytes`]: retired pages count until they are released.
+    #[must_use]
+    pub fn mapped_bytes(&self) -> usize {
+        self.buffer.mapped_bytes()
+    }
+
+    /// As [`VirtualBuffer::retired_bytes`].
+    #[must_use]
+    pub fn retired_bytes(&self) -> usize {
+        self.buffer.retired_bytes()
+    }
+
+    /// As [`VirtualBuffer::pages`].
+    #[must_use]
+    pub fn pages(&self) -> impl ExactSizeIterator<Item = PageInfo> + use<M> {
+        self.buffer.pages()
+    }
+
+    /// As [`VirtualBuffer::stats`].
+    #[must_use]
+    pub fn stats(&self) -> BufferStats {
+        self.buffer.stats()
+    }
+
+    /// As [`VirtualBuffer::grow`]: maps a page after the last one, while the work runs.
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::grow`].
+    #[doc(alias = "cuMemCreate")]
+    #[doc(alias = "cuMemMap")]
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grow(&self, device: Device, size: usize) -> Result<usize, Error> {
+        self.buffer.grow(device, size)
+    }
+
+    /// As [`VirtualBuffer::map_page`]: maps a page at `offset`, while the work runs.
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::map_page`].
+    #[doc(alias = "cuMemCreate")]
+    #[doc(alias = "cuMemMap")]
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn map_page(&self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
+        self.buffer.map_page(offset, device, size)
+    }
+
+    /// The bytes `bytes` (counted from the base) as `T`s, lent for reading to queued work on the
+    /// scope's streams, copied through the first context of the access set: a [`BufferRead`]. No
+    /// driver call.
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::slice_bytes`] ([`Error::PageRange`] also for a retired page), and
+    /// [`Error::PageRange`] naming the bytes a [`write`](ScopedBuffer::write) of this scope lent.
+    pub fn read<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<BufferRead<'scope, T>, Error> {
+        let context = self.buffer.first_context()?;
+        self.read_through(bytes, context)
+    }
+
+    /// As [`read`](ScopedBuffer::read), with copies made through the context of `device`, which must
+    /// be in the access set.
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] where `device` is not in the access set; as
+    /// [`read`](ScopedBuffer::read) otherwise.
+    pub fn read_on<T: Pod>(
+        &self,
+        device: Device,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<BufferRead<'scope, T>, Error> {
+        let context = self.buffer.context_of(device)?;
+        self.read_through(bytes, context)
+    }
+
+    fn read_through<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+        context: &'scope Context,
+    ) -> Result<BufferRead<'scope, T>, Error> {
+        let (view, origin) = self.lend_range(bytes, context, false)?;
+        Ok(BufferRead { view, origin })
+    }
+
+    /// Checks `bytes` as a view of `T`s and claims them, for writing or reading: the view and where
+    /// it came from.
+    fn lend_range<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+        context: &'scope Context,
+        write: bool,
+    ) -> Result<(DeviceSlice<'scope, T>, Origin<'scope>), Error> {
+        let buffer: &'scope VirtualBuffer<M> = self.buffer;
+        let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
+        let len = elements::<T>(end - start)?;
+        elements::<T>(start)?;
+        let epoch = {
+            let mut table = buffer.lock();
+            check_covered(&table.pages, start, end)?;
+            if write {
+                table.claims.write(start, end)?;
+            } else {
+                table.claims.read(start, end)?;
+            }
+            table.epoch
+        };
+        // Every byte is on a page mapped and granted to every device of the access set (checked),
+        // `context`'s among them. It stays mapped while `'scope` lasts unless a retire of this
+        // handle takes it, and every lend of the view is admitted again by the table first, which
+        // refuses it then (`Origin`).
+        let view = DeviceSlice::from_granted(
+            buffer.base.wrapping_add(start as u64),
+            len,
+            context,
+            Reach::Owned(&buffer.access),
+        );
+        let origin = Origin {
+            pages: buffer,
+            streams: self.streams,
+            epoch,
+        };
+        Ok((view, origin))
+    }
+
+    /// `cuEventRecord` — retire the pages inside the byte range `bytes` after all the work queued so
+    /// far on every stream of the scope, without waiting; returns how many pages were retired. From
+    /// now on no view of them is lent (a [`BufferRead`], [`Rewritable`] or
+    /// [`DeviceInFlight`](crate::stream::DeviceInFlight) of them is refused at its next lend) and no
+    /// page is mapped over them; they are unmapped and released once every event has completed, by
+    /// [`reclaim`](ScopedBuffer::reclaim), a later grow, map or retire, or the buffer's drop. The
+    /// claims on the range are forgotten, so a page mapped there later is lent anew.
+    ///
+    /// # Errors
+    /// Before any driver call: [`Error::OutOfBounds`], and [`Error::PageRange`] where a page
+    /// straddles either end of the range or is retired already. [`Error::StreamCapturing`] where a
+    /// stream of the scope is capturing a graph; nothing is retired then. A driver error of a
+    /// record: the pages are retired, and released once the scope's streams have been waited for,
+    /// which this call did before returning.
+    #[doc(alias = "cuEventRecord")]
+    pub fn retire(&self, bytes: impl RangeBounds<usize>) -> Result<usize, Error> {
+        let buffer = self.buffer;
+        let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
+        let streams = self.streams;
+        let each: EachStream<'_> =
+            &|f: &mut dyn FnMut(&Stream) -> Result<(), Error>| streams.each(f);
+        let mut table = buffer.lock();
+        buffer.reclaim_finished(&mut table);
+        buffer.retire_range(&mut table, start, end, each)
+    }
+
+    /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the retired pages whose work has
+    /// finished, without waiting; as [`VirtualBuffer::reclaim`].
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::reclaim`].
+    #[doc(alias = "cuEventQuery")]
+    pub fn reclaim(&self) -> Result<usize, Error> {
+        let mut table = self.buffer.lock();
+        self.buffer.reclaim_pages(&mut table)
+    }
+}
+
+impl<'scope> ScopedBuffer<'scope, ReadWrite> {
+    /// The bytes `bytes` (counted from the base) as `T`s, lent for writing to queued work on the
+    /// scope's streams, exclusively, copied through the first context of the access set: a
+    /// [`Rewritable`], which queued work writes again and again. No driver call.
+    ///
+    /// # Errors
+    /// As [`read`](ScopedBuffer::read), and [`Error::PageRange`] naming the bytes another `write` or
+    /// `read` of this scope lent.
+    pub fn write<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<Rewritable<'scope, T>, Error> {
+        let context = self.buffer.first_context()?;
+        self.write_through(bytes, context)
+    }
+
+    /// As [`write`](ScopedBuffer::write), with copies made through the context of `device`, which
+    /// must be in the access set.
+    ///
+    /// # Errors
+    /// As [`read_on`](ScopedBuffer::read_on) and [`write`](ScopedBuffer::write).
+    pub fn write_on<T: Pod>(
+        &self,
+        device: Device,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<Rewritable<'scope, T>, Error> {
+        let context = self.buffer.context_of(device)?;
+        self.write_through(bytes, context)
+    }
+
+    fn write_through<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+        context: &'scope Context,
+    ) -> Result<Rewritable<'scope, T>, Error> {
+        // The grants are `ReadWrite`, so the memory is writable; the claim makes it exclusive.
+        let (view, origin) = self.lend_range(bytes, context, true)?;
+        Ok(Rewritable {
+            view,
+            origin: Some(origin),
+            stream: None,
+        })
+    }
+}
+
+/// Bytes of a [`ScopedBuffer`] lent for reading to queued work on the scope's streams: an argument of
+/// [`ScopedStream`](crate::stream::ScopedStream)'s copies and launches, as a read-only view is.
+/// Checked again at every lend: refused once its pages are retired. A `Copy` handle that gives the
+/// host nothing (no host read, no view), since its memory can leave while it lives.
+///
+/// # Lifetimes
+/// `'scope` is the scope's, for which the buffer is lent.
+pub struct BufferRead<'scope, T> {
+    view: DeviceSlice<'scope, T>,
+    origin: Origin<'scope>,
+}
+
+impl<T> Clone for BufferRead<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for BufferRead<'_, T> {}
+
+impl<T> fmt::Debug for BufferRead<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BufferRead").field(&self.view).finish()
+    }
+}
+
+impl<T: Pod> BufferRead<'_, T> {
+    /// The number of values.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.view.is_empty()
+    }
+
+    /// The device whose context the view's copies run in.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.view.device()
+    }
+
+    /// The device address of the first value: an escape hatch that owns nothing and frees nothing,
+    /// valid only until the range is retired and its work has finished.
+    #[must_use]
+    pub fn as_raw_ptr(&self) -> u64 {
+        self.view.as_raw_ptr()
+    }
+}
+
+impl<T: Pod> sealed::Read for BufferRead<'_, T> {}
+impl<'scope, T: Pod> ScopedRead<'scope, T> for BufferRead<'scope, T> {
+    fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        sealed::Lent::admit(self.view, Some(self.origin), token.stream)
+    }
+    fn check_reach(&self, device: Device) -> Result<(), Error> {
+        reachable(&self.view, device)
+    }
+}
