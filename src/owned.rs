@@ -23,7 +23,9 @@ mod buffer;
 mod granted;
 mod mapping;
 mod pages;
+mod shared;
 
 pub use buffer::{BufferStats, PageInfo, VirtualBuffer};
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};
+pub use shared::{SharedPage, Unmapped};
