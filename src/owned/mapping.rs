@@ -207,6 +207,11 @@ impl SharedReservation {
         })
     }
 
+    /// Whether `self` and `other` are handles of one range.
+    pub(super) fn same_as(&self, other: &SharedReservation) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Removes the recorded range that starts at `offset`.
     fn forget_range(&self, offset: usize) {
         let mut mapped = self.lock();
