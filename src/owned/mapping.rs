@@ -358,6 +358,23 @@ impl OwnedMapping {
 
     /// The page the mapping shares, where it was made by
     /// [`map_shared`](SharedReservation::map_shared); `None` for a mapping that owns its memory.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::owned::{SharedPage, SharedReservation};
+    /// use cuda_vmm::{Device, PhysicalAllocation};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let page = SharedPage::new(device, 2 << 20)?;
+    /// let reservation = SharedReservation::new(4 << 20, 0)?;
+    /// let shared = reservation.map_shared(0, &page)?;
+    /// let own = reservation.map(2 << 20, PhysicalAllocation::new(device, 2 << 20)?)?;
+    /// assert_eq!(shared.shared_page().map(SharedPage::share_count), Some(2));
+    /// assert!(own.shared_page().is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn shared_page(&self) -> Option<&SharedPage> {
         match &self.range.backing().memory {
