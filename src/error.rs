@@ -179,7 +179,9 @@ pub enum Error {
     /// A byte range of a reservation of the owned layer ([`VirtualBuffer`](crate::VirtualBuffer),
     /// [`SharedReservation`](crate::owned::SharedReservation)) that does not fit what is mapped there: a new
     /// page or mapping over bytes already mapped, a view over bytes not mapped, an unmap that would
-    /// cut a page in two. Checked before any driver call.
+    /// cut a page in two, a joined view ([`GrantedMapping::slice_joined`](crate::owned::GrantedMapping::slice_joined))
+    /// over mappings that are not back to back in one reservation with one access set. Checked
+    /// before any driver call.
     PageRange {
         /// The first byte of the range, counted from the reservation's base.
         start: usize,

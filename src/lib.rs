@@ -35,7 +35,8 @@
 //! - [`view`]: [`DeviceSlice`], [`DeviceSliceMut`] and their synchronous copies; [`DeviceBuffer`]
 //!   (`cuMemAlloc`).
 //! - [`owned`]: the owned layer: [`VirtualBuffer`], [`SharedReservation`](owned::SharedReservation),
-//!   [`OwnedMapping`](owned::OwnedMapping).
+//!   [`OwnedMapping`](owned::OwnedMapping), [`GrantedMapping`](owned::GrantedMapping),
+//!   [`SharedPage`](owned::SharedPage).
 //! - [`host`]: host memory mapped like device memory, and the CPU's slices of it.
 //! - [`stream`]: [`Stream`], [`Event`], [`PinnedBuffer`], and [`scope`], under which queued copies
 //!   and kernels borrow what they use until the work has finished.

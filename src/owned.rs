@@ -15,6 +15,15 @@
 //!   of that reservation (an `Arc`), so it can live in a `Vec` or a struct field. The reservation
 //!   records the mapped ranges at run time, so two owned mappings never overlap; grants and views are
 //!   the borrowed layer's [`Access`](crate::Access), borrowed from the mapping.
+//!   [`OwnedMapping::keep_grant`] stores a mapping with its grant ([`GrantedMapping`]), whose views
+//!   need no new grant; [`GrantedMapping::slice_joined`] (and `slice_joined_mut`) gives one view
+//!   over several granted mappings that lie back to back in one reservation, checked at run time.
+//! - [`SharedPage`] is one physical allocation shared by reference count: every clone and every
+//!   mapping of it ([`SharedReservation::map_shared`]) holds a share, and the last one releases the
+//!   memory. Each mapping of the page is an address range with its own grant, so a prefix written
+//!   once can be mapped read-only into many sequences' reservations, beside the pages each one
+//!   writes. [`OwnedMapping::unmap`] gives back what the mapping held ([`Unmapped`]): its own
+//!   memory, or its share of the page.
 //!
 //! Both layers hand out the same views, [`DeviceSlice`](crate::DeviceSlice) and
 //! [`DeviceSliceMut`](crate::DeviceSliceMut), so copies and kernel launches are written once.
@@ -23,7 +32,9 @@ mod buffer;
 mod granted;
 mod mapping;
 mod pages;
+mod shared;
 
 pub use buffer::{BufferRead, BufferStats, PageInfo, ScopedBuffer, VirtualBuffer};
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};
+pub use shared::{SharedPage, Unmapped};

@@ -12,7 +12,7 @@ use common::{gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
     Context, Device, DriverError, Error, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
     VirtualBuffer, align_size, allocation_granularity, owned::GrantedMapping, owned::OwnedMapping,
-    owned::PageInfo, owned::SharedReservation,
+    owned::PageInfo, owned::SharedReservation, owned::Unmapped,
 };
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
@@ -767,7 +767,9 @@ fn owned_mappings_live_in_vecs_and_never_overlap() {
     // `unmap` gives the memory back; mapped again in a freed range, it still holds its bytes.
     let moved = mappings.pop().unwrap();
     let seed = (moved.offset() / g) as u32;
-    let kept_memory = moved.unmap().unwrap();
+    let Unmapped::Owned(kept_memory) = moved.unmap().unwrap() else {
+        panic!("a mapping made by `map` gives its own memory back");
+    };
     let mut again = handle.map(g, kept_memory).unwrap();
     assert!(
         read_through_new_grant(&mut again, &ctx) == pattern(g / 4, seed),

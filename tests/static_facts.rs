@@ -136,6 +136,15 @@ assert_not_impl_any!(OwnedMapping: Clone, Copy);
 assert_not_impl_any!(SharedReservation: Copy);
 const _: () = owned_outright::<OwnedMapping>();
 const _: () = owned_outright::<SharedReservation>();
+// A shared page is a shared `Arc` of one allocation (cloning shares the memory, the last share
+// releases it), so it moves between threads and lives in struct fields; what an unmap gives back
+// (the memory, or a share of a page) too.
+assert_impl_all!(cuda_vmm::owned::SharedPage: Send, Sync, Clone);
+assert_not_impl_any!(cuda_vmm::owned::SharedPage: Copy);
+assert_eq_size!(cuda_vmm::owned::SharedPage, usize);
+const _: () = owned_outright::<cuda_vmm::owned::SharedPage>();
+assert_impl_all!(cuda_vmm::owned::Unmapped: Send, Sync);
+assert_not_impl_any!(cuda_vmm::owned::Unmapped: Clone, Copy);
 // Host memory and memory shared between processes: owned allocations move between threads like any
 // other; the CPU grant is an exclusive borrow of the mapped bytes (`&mut [u8]`), so Send and Sync.
 assert_impl_all!(cuda_vmm::host::HostAllocation: Send, Sync);

@@ -1,5 +1,6 @@
-//! [`SharedReservation`] and [`OwnedMapping`]: mappings that own their memory and share their
-//! reservation, with the mapped ranges kept at run time so that two never overlap.
+//! [`SharedReservation`] and [`OwnedMapping`]: mappings that own their memory (or share a
+//! [`SharedPage`]) and share their reservation, with the mapped ranges kept at run time so that two
+//! never overlap.
 
 use core::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -13,6 +14,7 @@ use crate::vmm::physical::PhysicalAllocation;
 use crate::vmm::reservation::VirtualReservation;
 
 use super::pages::{Span, check_new_range, insertion_point};
+use super::shared::{SharedPage, Unmapped};
 
 /// A reserved address range shared by the [`OwnedMapping`]s made in it: `cuMemAddressReserve` once,
 /// `cuMemAddressFree` when the last handle and the last mapping are gone.
@@ -125,9 +127,58 @@ impl SharedReservation {
     /// is dropped); allocate again to retry.
     #[doc(alias = "cuMemMap")]
     pub fn map(&self, offset: usize, memory: PhysicalAllocation) -> Result<OwnedMapping, Error> {
-        let size = memory.size();
+        self.map_memory(offset, Memory::Own(memory))
+    }
+
+    /// `cuMemMap` — map the whole of `page` at byte `offset` of the range, once more: the same
+    /// physical memory at another address. The mapping holds a share of the page (it keeps the
+    /// memory from being released) and a share of the range; it is not accessible until
+    /// [granted](OwnedMapping::grant), and its grant is its own: one mapping of a page can be
+    /// granted read-only and another read-write, here or in another reservation.
+    ///
+    /// The range rules are [`map`](SharedReservation::map)'s: the page mapped twice into one
+    /// reservation must lie at two offsets whose ranges do not overlap.
+    ///
+    /// # Errors
+    /// As [`map`](SharedReservation::map): before any driver call, [`Error::NotAligned`],
+    /// [`Error::Overflow`], [`Error::OutOfBounds`], [`Error::PageRange`] (over a live mapping, of
+    /// this page or another, which the error names); then the driver's error. On any error nothing
+    /// is mapped and no share is kept: the page is released only if no other handle or mapping
+    /// shares it.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::owned::{SharedPage, SharedReservation};
+    /// use cuda_vmm::{Device, Error, ReadOnly, ReadWrite};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let page = 2 << 20;
+    /// let prefix = SharedPage::new(device, page)?;
+    /// let reservation = SharedReservation::new(4 * page, 0)?;
+    /// let mut writer = reservation.map_shared(0, &prefix)?.keep_grant(&[device], ReadWrite)?;
+    /// let reader = reservation.map_shared(page, &prefix)?.keep_grant(&[device], ReadOnly)?;
+    /// writer.slice_mut::<u32>()?.copy_from_host(&vec![9; page / 4])?;
+    /// assert_eq!(reader.slice::<u32>()?.to_vec()?, vec![9; page / 4]);
+    /// assert!(matches!(
+    ///     reservation.map_shared(page, &prefix), // over `reader`: refused, nothing mapped
+    ///     Err(Error::PageRange { .. })
+    /// ));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemMap")]
+    pub fn map_shared(&self, offset: usize, page: &SharedPage) -> Result<OwnedMapping, Error> {
+        self.map_memory(offset, Memory::Shared(page.clone()))
+    }
+
+    /// The one `cuMemMap` of an owned mapping: checks, records, maps; on any error `memory` is
+    /// dropped (released, or its share given up).
+    fn map_memory(&self, offset: usize, memory: Memory) -> Result<OwnedMapping, Error> {
+        let allocation = memory.allocation();
+        let size = allocation.size();
         let range = (self.base(), self.size(), "reservation");
-        let end = check_new_range(range, offset, size, memory.granularity())?;
+        let end = check_new_range(range, offset, size, allocation.granularity())?;
         {
             let mut mapped = self.lock();
             let index = insertion_point(&mapped, offset, end)?;
@@ -137,9 +188,10 @@ impl SharedReservation {
         // SAFETY: `[ptr, ptr + size)` lies inside this reservation (checked) and was just recorded
         // as mapped, so no other mapping of it overlaps (every `OwnedMapping` recorded its range, and
         // only a successful unmap removes one); both ends are multiples of the memory's granularity
-        // (checked). `memory` is a live allocation handle of `size` bytes; offset 0 and flags 0 as
-        // the driver requires.
-        if let Err(error) = check(unsafe { sys::cuMemMap(ptr, size, 0, memory.as_raw(), 0) }) {
+        // (checked). `allocation` is a live allocation handle of `size` bytes (owned by `memory`, or
+        // shared by it, which keeps it from being released); offset 0 and flags 0 as the driver
+        // requires. Mapping one handle at several addresses is what the driver allows.
+        if let Err(error) = check(unsafe { sys::cuMemMap(ptr, size, 0, allocation.as_raw(), 0) }) {
             self.forget_range(offset);
             return Err(error.into());
         }
@@ -153,6 +205,11 @@ impl SharedReservation {
                 },
             ),
         })
+    }
+
+    /// Whether `self` and `other` are handles of one range.
+    pub(super) fn same_as(&self, other: &SharedReservation) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// Removes the recorded range that starts at `offset`.
@@ -179,10 +236,11 @@ impl SharedReservation {
     }
 }
 
-/// A whole physical allocation mapped into a [`SharedReservation`], owning both its memory and a
-/// share of the reservation: no lifetime, so it lives in a `Vec` or a struct field. Unmapped on drop,
-/// then its memory is released, then its share of the reservation is dropped (the last share frees
-/// the range).
+/// A whole physical allocation mapped into a [`SharedReservation`], owning both its memory (or a
+/// share of a [`SharedPage`], from [`map_shared`](SharedReservation::map_shared)) and a share of the
+/// reservation: no lifetime, so it lives in a `Vec` or a struct field. Unmapped on drop, then its
+/// memory is released (or its share of the page dropped: the last share releases it), then its
+/// share of the reservation is dropped (the last share frees the range).
 ///
 /// It keeps every rule of the borrowed [`Mapping`](crate::Mapping): no address or view before
 /// [`grant`](OwnedMapping::grant), whose [`Access`] borrows the mapping mutably (one grant in use at a
@@ -233,13 +291,31 @@ pub struct OwnedMapping {
 struct Owned {
     offset: usize,
     /// Declared before `reservation`: released (dropped) before the share of the range is.
-    memory: PhysicalAllocation,
+    memory: Memory,
     reservation: SharedReservation,
+}
+
+/// The memory of an owned mapping: its own, or a share of a [`SharedPage`].
+enum Memory {
+    /// Released when the mapping is dropped (after its unmap).
+    Own(PhysicalAllocation),
+    /// This share is dropped when the mapping is dropped (after its unmap); the memory is released
+    /// with the last share.
+    Shared(SharedPage),
+}
+
+impl Memory {
+    fn allocation(&self) -> &PhysicalAllocation {
+        match self {
+            Memory::Own(memory) => memory,
+            Memory::Shared(page) => page.allocation(),
+        }
+    }
 }
 
 impl Backing for Owned {
     fn size(&self) -> usize {
-        self.memory.size()
+        self.memory.allocation().size()
     }
 
     /// The range leaves the reservation's record.
@@ -255,6 +331,7 @@ impl fmt::Debug for OwnedMapping {
             .field("offset", &self.offset())
             .field("size", &self.size())
             .field("location", &self.memory().location())
+            .field("shared", &self.shared_page().is_some())
             .field("reservation", self.reservation())
             .finish()
     }
@@ -273,10 +350,37 @@ impl OwnedMapping {
         self.range.backing().offset
     }
 
-    /// The memory the mapping owns.
+    /// The memory the mapping maps: its own, or the allocation of the [`SharedPage`] it shares.
     #[must_use]
     pub fn memory(&self) -> &PhysicalAllocation {
-        &self.range.backing().memory
+        self.range.backing().memory.allocation()
+    }
+
+    /// The page the mapping shares, where it was made by
+    /// [`map_shared`](SharedReservation::map_shared); `None` for a mapping that owns its memory.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::owned::{SharedPage, SharedReservation};
+    /// use cuda_vmm::{Device, PhysicalAllocation};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let page = SharedPage::new(device, 2 << 20)?;
+    /// let reservation = SharedReservation::new(4 << 20, 0)?;
+    /// let shared = reservation.map_shared(0, &page)?;
+    /// let own = reservation.map(2 << 20, PhysicalAllocation::new(device, 2 << 20)?)?;
+    /// assert_eq!(shared.shared_page().map(SharedPage::share_count), Some(2));
+    /// assert!(own.shared_page().is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn shared_page(&self) -> Option<&SharedPage> {
+        match &self.range.backing().memory {
+            Memory::Own(_) => None,
+            Memory::Shared(page) => Some(page),
+        }
     }
 
     /// The first mapped address, for the grant a [`GrantedMapping`](super::GrantedMapping) keeps.
@@ -354,17 +458,38 @@ impl OwnedMapping {
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the memory
-    /// back, so that it can be mapped again. The range becomes free for other mappings.
+    /// back, so that it can be mapped again: [`Unmapped::Owned`] with the allocation of a mapping
+    /// made by [`map`](SharedReservation::map), [`Unmapped::Shared`] with the share of a mapping
+    /// made by [`map_shared`](SharedReservation::map_shared) (the page's other mappings stay). The
+    /// range becomes free for other mappings.
     ///
     /// # Errors
     /// The driver's error. The range then stays mapped and recorded (no other mapping can take it),
-    /// the memory is released to the driver, which keeps it until the range is unmapped: a leak until
-    /// the process ends. No driver failure of a whole-mapping unmap is known.
+    /// the memory (or the share) is dropped: the driver keeps the memory until the range is
+    /// unmapped, a leak until the process ends. No driver failure of a whole-mapping unmap is known.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::owned::{SharedPage, SharedReservation, Unmapped};
+    /// use cuda_vmm::Device;
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let page = SharedPage::new(Device::get(0)?, 2 << 20)?;
+    /// let reservation = SharedReservation::new(2 << 20, 0)?;
+    /// let mapping = reservation.map_shared(0, &page)?;
+    /// let Unmapped::Shared(share) = mapping.unmap()? else { unreachable!() };
+    /// assert_eq!(page.share_count(), 2); // `page` and `share`
+    /// # Ok(())
+    /// # }
+    /// ```
     #[doc(alias = "cuMemUnmap")]
-    pub fn unmap(self) -> Result<PhysicalAllocation, Error> {
+    pub fn unmap(self) -> Result<Unmapped, Error> {
         let (owned, unmapped) = self.range.unmap();
         drop(owned.reservation);
         unmapped?;
-        Ok(owned.memory)
+        Ok(match owned.memory {
+            Memory::Own(memory) => Unmapped::Owned(memory),
+            Memory::Shared(page) => Unmapped::Shared(page),
+        })
     }
 }
