@@ -36,7 +36,8 @@
 //!   (`cuMemAlloc`).
 //! - [`owned`]: the owned layer: [`VirtualBuffer`], [`SharedReservation`](owned::SharedReservation),
 //!   [`OwnedMapping`](owned::OwnedMapping).
-//! - [`host`]: host memory mapped like device memory, and the CPU's slices of it.
+//! - [`host`]: host memory mapped like device memory, and the CPU's slices of it (borrowed, and
+//!   owned: [`OwnedHostMapping`](host::OwnedHostMapping)).
 //! - [`stream`]: [`Stream`], [`Event`], [`PinnedBuffer`], and [`scope`], under which queued copies
 //!   and kernels borrow what they use until the work has finished.
 //! - [`peer`]: several GPUs: links, [`PeerAccess`] guards, and [`copy_between`].
