@@ -249,6 +249,16 @@ impl Device {
         self.has(sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)
     }
 
+    /// Whether VMM memory of the device can be made `GPUDirect` RDMA capable
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`, CUDA 11.0 and later), as
+    /// [`AllocationOptions::with_rdma`](crate::vmm::AllocationOptions::with_rdma) asks.
+    ///
+    /// # Errors
+    /// The driver's error, if any.
+    pub fn supports_gpu_direct_rdma_with_vmm(self) -> Result<bool> {
+        self.has(sys::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)
+    }
+
     /// `cuDeviceTotalMem` — the device's memory in bytes.
     ///
     /// # Errors

@@ -200,6 +200,18 @@ pub enum Error {
         /// The `CUdevice_attribute` that answered 0 (or that the driver does not know).
         attribute: i32,
     },
+    /// An allocation option that memory at its location cannot have
+    /// ([`AllocationOptions`](crate::vmm::AllocationOptions)): a shareable handle kind for host
+    /// memory with no NUMA node, a fabric handle or the `GPUDirect` RDMA flag for host memory. Checked
+    /// before `cuMemCreate`.
+    NotForLocation {
+        /// The option, such as `"a shareable handle kind"`.
+        what: &'static str,
+        /// Where the memory would live, in words.
+        location: &'static str,
+        /// Why the option is refused there.
+        why: &'static str,
+    },
     /// The driver refused an operation for a reason this crate can name: for fabric-shareable memory,
     /// `CUDA_ERROR_NOT_PERMITTED` means that the process has no IMEX channel.
     Refused {
@@ -276,6 +288,8 @@ impl From<DriverError> for Error {
 }
 
 impl fmt::Display for Error {
+    // One arm per variant: the match is as long as the enum.
+    #[allow(clippy::too_many_lines)]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             // The driver's own text, so that printing the error alone says what went wrong.
@@ -357,6 +371,14 @@ impl fmt::Display for Error {
                 f,
                 "device {device} does not support {what} (device attribute {attribute} is 0 or unknown \
                  to this driver)"
+            ),
+            Error::NotForLocation {
+                what,
+                location,
+                why,
+            } => write!(
+                f,
+                "{what} is not offered for memory located {location}: {why}"
             ),
             Error::Refused { what, why, error } => {
                 write!(f, "the driver refused {what}: {why} ({error})")
@@ -446,7 +468,17 @@ mod tests {
             message.to_string(),
             "invalid shared-allocation message: expected exactly one file descriptor"
         );
-        for error in [&unsupported, &os, &message] {
+        let location = Error::NotForLocation {
+            what: "a shareable handle kind",
+            location: "on the host with no NUMA node (Location::Host)",
+            why: "the driver refuses any handle type there",
+        };
+        assert_eq!(
+            location.to_string(),
+            "a shareable handle kind is not offered for memory located on the host with no NUMA \
+             node (Location::Host): the driver refuses any handle type there"
+        );
+        for error in [&unsupported, &os, &message, &location] {
             assert_eq!(error.driver(), None);
             assert!(error.source().is_none());
         }

@@ -12,7 +12,22 @@
 //!                                            DeviceSlice(Mut)          &mut [T] / &[T]
 //! ```
 //!
-//! [`HostAccess`] says why the CPU's slices are sound.
+//! The owned layer has its counterpart: an [`OwnedHostMapping`] owns the allocation and a
+//! reservation of its own, keeps its device grant (an access set and a mode) and its CPU grant, and
+//! has no lifetime, so it lives in a struct field and moves between threads. Its device views borrow
+//! it and its [`host_access`](OwnedHostMapping::host_access) borrows it mutably, so the same rule
+//! holds: no CPU slice while a device view of the bytes exists.
+//!
+//! ```text
+//! HostAllocation ---- OwnedHostMapping::new (owns it) ----> OwnedHostMapping<M>
+//!                                                        |  (&self / &mut self)  | (&mut self)
+//!                                                        v                       v
+//!                                          DeviceSlice(Mut), no new grant   host_access: HostAccess
+//! ```
+//!
+//! [`HostAccess`] says why the CPU's slices are sound. Host memory is never shareable with another
+//! process here (see [`AllocationOptions`] for which options host
+//! locations take).
 //!
 //! # Example
 //! ```no_run
@@ -32,6 +47,22 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! The same with the owned mapping, which a struct can keep:
+//! ```no_run
+//! use cuda_vmm::host::{HostAllocation, OwnedHostMapping};
+//! use cuda_vmm::{Device, ReadOnly};
+//!
+//! # fn main() -> Result<(), cuda_vmm::Error> {
+//! let device = Device::get(0)?;
+//! let memory = HostAllocation::near(device, 2 << 20)?;
+//! let mut host = OwnedHostMapping::new(memory, &[device], ReadOnly)?; // map, grant CPU and device
+//! host.host_access().as_mut_slice::<u32>()?.fill(7); // the CPU writes a &mut [u32]
+//! assert!(host.slice::<u32>()?.to_vec()?.iter().all(|&x| x == 7)); // the device reads it
+//! host.free()?; // cuMemUnmap, cuMemRelease, cuMemAddressFree
+//! # Ok(())
+//! # }
+//! ```
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -40,12 +71,17 @@ use core::ops::Deref;
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{Error, Result, check};
+use crate::error::{DriverResult, Error, Result, check};
 use crate::sys;
 use crate::vmm::access::{Access, AccessMode, ReadWrite, ScopedAccess, elements};
 use crate::vmm::mapping::Mapping;
 use crate::vmm::physical::{AllocationOptions, Location, PhysicalAllocation};
 use crate::vmm::reservation::Region;
+
+// The owned layer's host mapping: no lifetime, its grants kept.
+mod owned;
+
+pub use owned::OwnedHostMapping;
 
 /// Host memory for VMM: a [`PhysicalAllocation`] located in host memory, released on drop.
 ///
@@ -250,28 +286,10 @@ impl<'va> HostMapping<'va, '_> {
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant_host<M: AccessMode>(&mut self, mode: M) -> Result<HostAccess<'_, M>, Error> {
         let _ = mode;
-        let id = match self.location {
-            Location::HostNuma(node) => i32::from(node),
-            // The driver ignores the id of a host-NUMA access descriptor.
-            _ => 0,
-        };
-        let desc = sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-                id,
-            },
-            flags: M::FLAGS,
-        };
         let (ptr, size) = (self.mapping.range().ptr(), self.mapping.size());
-        // SAFETY: `[ptr, ptr + size)` is this mapping's whole range, mapped while `self` lives; `desc`
-        // is one live, initialised access-descriptor mirror (layout asserted in `sys`).
-        check(unsafe { sys::cuMemSetAccess(ptr, size, &raw const desc, 1) })?;
-        Ok(HostAccess {
-            ptr,
-            size,
-            _mapping: PhantomData,
-            _mode: PhantomData,
-        })
+        // `[ptr, ptr + size)` is this mapping's whole range, mapped while `self` lives.
+        set_cpu_access(ptr, size, self.location, M::FLAGS)?;
+        Ok(HostAccess::new(ptr, size))
     }
 
     /// `cuMemUnmap` — unmap, as [`Mapping::unmap`], and give the region back.
@@ -284,11 +302,39 @@ impl<'va> HostMapping<'va, '_> {
     }
 }
 
-/// The CPU's access to a [`HostMapping`], in mode `M`: the mapped bytes as Rust slices.
+/// `cuMemSetAccess` with a host location (`CU_MEM_LOCATION_TYPE_HOST_NUMA`) for the CPU, in `flags`,
+/// over `[ptr, ptr + size)`: the whole range of a mapping of host memory at `location`, which the
+/// caller keeps mapped. The one CPU grant of [`HostMapping`] and [`OwnedHostMapping`].
+pub(crate) fn set_cpu_access(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    location: Location,
+    flags: u32,
+) -> DriverResult<()> {
+    let id = match location {
+        Location::HostNuma(node) => i32::from(node),
+        // The driver ignores the id of a host-NUMA access descriptor.
+        _ => 0,
+    };
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+            id,
+        },
+        flags,
+    };
+    // SAFETY: the caller passes a whole range it has mapped and keeps mapped for the call; `desc` is
+    // one live, initialised access-descriptor mirror (layout asserted in `sys`).
+    check(unsafe { sys::cuMemSetAccess(ptr, size, &raw const desc, 1) })
+}
+
+/// The CPU's access to a [`HostMapping`] or an [`OwnedHostMapping`], in mode `M`: the mapped bytes as
+/// Rust slices.
 ///
-/// Made by [`HostMapping::grant_host`]. `as_slice` borrows it shared, `as_mut_slice` (only for
-/// [`ReadWrite`]) mutably, so the borrow rules of Rust hold for the bytes: many readers or one writer,
-/// and no slice outlives the grant. While it lives no device grant of the mapping exists.
+/// Made by [`HostMapping::grant_host`] and [`OwnedHostMapping::host_access`]. `as_slice` borrows it
+/// shared, `as_mut_slice` (only for [`ReadWrite`]) mutably, so the borrow rules of Rust hold for the
+/// bytes: many readers or one writer, and no slice outlives the grant. While it lives no device grant
+/// of a [`HostMapping`], and no device view of either mapping, exists.
 ///
 /// # Why the slices are sound
 /// A `&mut [T]` promises that nothing else reads or writes those bytes while it lives; a `&[T]` that
@@ -300,10 +346,14 @@ impl<'va> HostMapping<'va, '_> {
 ///   exists, and a slice borrows the `HostAccess`. Device work made through safe code has finished when
 ///   its view's borrow ends (every copy and launch of this crate waits), so none runs meanwhile. The
 ///   device keeps the permission a grant gave it; only `unsafe` code holding a raw address could use it.
+/// - **The same owned mapping, from a device.** An [`OwnedHostMapping`] keeps its device grant, but
+///   hands out device views only from a borrow of itself, and its `HostAccess` borrows it mutably: no
+///   device view of it exists while the `HostAccess` lives.
 /// - **Another mapping of the same memory (an alias).** [`Region::map_host`] borrows the
 ///   [`HostAllocation`] mutably for as long as the mapping lives, so it is the allocation's only mapping:
-///   `region.map(&memory)` (a shared borrow) does not compile meanwhile. A mapping forgotten with
-///   `mem::forget` stays mapped in the driver, but no view of it can be made any more.
+///   `region.map(&memory)` (a shared borrow) does not compile meanwhile. An [`OwnedHostMapping`] owns
+///   its allocation and lends it to no one. A mapping forgotten with `mem::forget` stays mapped in the
+///   driver, but no view of it can be made any more.
 /// - **Another process.** A `HostAllocation` has no `export`; memory shareable with other processes is
 ///   a [`ShareableAllocation`](crate::ipc::ShareableAllocation), which gives no CPU slices.
 ///
@@ -337,6 +387,20 @@ pub struct HostAccess<'map, M: AccessMode> {
     _mapping: PhantomData<&'map mut [u8]>,
     /// The mode, at the type level only.
     _mode: PhantomData<M>,
+}
+
+impl<M: AccessMode> HostAccess<'_, M> {
+    /// The CPU's access to `[ptr, ptr + size)`, which the caller has granted to the CPU in mode `M`
+    /// and keeps mapped, granted and free of device views and aliases for as long as the borrow
+    /// the result is given lives.
+    fn new(ptr: sys::CUdeviceptr, size: usize) -> Self {
+        HostAccess {
+            ptr,
+            size,
+            _mapping: PhantomData,
+            _mode: PhantomData,
+        }
+    }
 }
 
 impl<M: AccessMode> fmt::Debug for HostAccess<'_, M> {
@@ -393,12 +457,14 @@ impl<M: AccessMode> HostAccess<'_, M> {
     pub fn as_slice<T: Pod>(&self) -> Result<&[T], Error> {
         let (addr, len) = self.parts::<T>()?;
         // SAFETY: `[addr, addr + len * size_of::<T>())` is host memory mapped at this address and
-        // readable by the CPU (granted in `grant_host`) for as long as `self` lives, which borrows the
-        // mapping mutably: it is neither unmapped nor granted again meanwhile. Nothing writes it while
-        // the slice lives: the allocation has no other mapping (`map_host` borrowed it mutably) and
-        // is never shared with another process, no device view of this mapping exists (device grants
-        // borrow the mapping mutably, as `self` does), and the only CPU writer would be a
-        // `&mut [T]`, which borrows `self` mutably. The address is aligned for `T` and the size fits
+        // readable by the CPU (granted in `grant_host`, or kept granted by an `OwnedHostMapping`) for
+        // as long as `self` lives, which borrows the mapping mutably: it is neither unmapped nor
+        // granted again meanwhile. Nothing writes it while the slice lives: the allocation has no
+        // other mapping (`map_host` borrowed it mutably; an `OwnedHostMapping` owns it and lends it
+        // to no one) and is never shared with another process, no device view of this mapping
+        // exists (device grants and an owned mapping's views borrow the mapping, which `self`
+        // borrows mutably), and the only CPU writer would be a `&mut [T]`, which borrows `self`
+        // mutably. The address is aligned for `T` and the size fits
         // `isize` (checked in `parts`); any bytes are a valid `T` (`Pod`). The pointer is made from
         // the address the driver exposed to this process (a foreign allocation).
         Ok(unsafe {

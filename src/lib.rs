@@ -36,8 +36,10 @@
 //!   (`cuMemAlloc`).
 //! - [`owned`]: the owned layer: [`VirtualBuffer`], [`SharedReservation`](owned::SharedReservation),
 //!   [`OwnedMapping`](owned::OwnedMapping), [`GrantedMapping`](owned::GrantedMapping),
-//!   [`SharedPage`](owned::SharedPage).
-//! - [`host`]: host memory mapped like device memory, and the CPU's slices of it.
+//!   [`SharedPage`](owned::SharedPage), and [`ScopedBuffer`](owned::ScopedBuffer), a buffer lent to a
+//!   scope whose pages grow and retire while the work runs.
+//! - [`host`]: host memory mapped like device memory, and the CPU's slices of it (borrowed, and
+//!   owned: [`OwnedHostMapping`](host::OwnedHostMapping)).
 //! - [`stream`]: [`Stream`], [`Event`], [`PinnedBuffer`], and [`scope`], under which queued copies
 //!   and kernels borrow what they use until the work has finished.
 //! - [`peer`]: several GPUs: links, [`PeerAccess`] guards, and [`copy_between`].

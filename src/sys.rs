@@ -58,6 +58,9 @@ pub(crate) const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: c_int = 103;
+// CUDA 11.0 and later (not in cuda-driver-sys's 10.2 headers): whether `cuMemCreate` memory can be
+// made GPUDirect RDMA capable (`allocFlags.gpuDirectRDMACapable`).
+pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 116;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: c_int = 134;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 141;
@@ -94,6 +97,22 @@ pub(crate) struct CUmemAllocationProp {
     pub(crate) location: CUmemLocation,
     pub(crate) win32HandleMetaData: *mut c_void,
     pub(crate) allocFlags: u64,
+}
+
+/// `allocFlags` of a [`CUmemAllocationProp`] with `gpuDirectRDMACapable` set. The C field is a struct
+/// `{ unsigned char compressionType; unsigned char gpuDirectRDMACapable; unsigned short usage;
+/// unsigned char reserved[4]; }` (CUDA 11.0 and later), which the mirror holds as its 8 bytes: the
+/// flag is byte 1, whatever the byte order, so the value is built from the bytes in memory order.
+pub(crate) const ALLOC_FLAGS_GPU_DIRECT_RDMA_CAPABLE: u64 =
+    u64::from_ne_bytes([0, 1, 0, 0, 0, 0, 0, 0]);
+
+/// `CUmemFabricHandle` (CUDA 12.3 and later, not in cuda-driver-sys): the 64 opaque bytes of a fabric
+/// handle, which `cuMemExportToShareableHandle` writes and `cuMemImportFromShareableHandle` reads
+/// through a pointer to it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CUmemFabricHandle {
+    pub(crate) data: [u8; 64],
 }
 
 /// Mirror of `CUmemAccessDesc` with integer `flags`.
@@ -169,6 +188,9 @@ mod layout {
         s::CUmemGenericAllocationHandle
     );
 
+    // `CU_IPC_HANDLE_SIZE` bytes, no padding.
+    const_assert_eq!(size_of::<super::CUmemFabricHandle>(), 64);
+
     // The integer stand-ins for C enums are as wide as the C enums.
     assert_eq_size!(super::CUresult, s::CUresult);
     const_assert_eq!(align_of::<super::CUresult>(), align_of::<s::CUresult>());
@@ -203,7 +225,8 @@ unsafe extern "C" {
         flags: u64,
     ) -> CUresult;
     pub(crate) fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
-    /// `shareable` points to storage for the handle: an `int` for a POSIX file descriptor.
+    /// `shareable` points to storage for the handle: an `int` for a POSIX file descriptor, a
+    /// `CUmemFabricHandle` for a fabric handle.
     pub(crate) fn cuMemExportToShareableHandle(
         shareable: *mut c_void,
         handle: CUmemGenericAllocationHandle,
@@ -211,7 +234,7 @@ unsafe extern "C" {
         flags: u64,
     ) -> CUresult;
     /// `os_handle` is the handle itself for a POSIX file descriptor (the `int` cast to a pointer), not a
-    /// pointer to it.
+    /// pointer to it; for a fabric handle it points to the `CUmemFabricHandle`.
     pub(crate) fn cuMemImportFromShareableHandle(
         handle: *mut CUmemGenericAllocationHandle,
         os_handle: *mut c_void,

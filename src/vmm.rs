@@ -27,7 +27,7 @@ pub(crate) mod reservation;
 pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
 pub use mapping::Mapping;
 pub use physical::{
-    AllocationOptions, Granularity, Location, PhysicalAllocation, align_size,
+    AllocationOptions, Granularity, HandleKinds, Location, PhysicalAllocation, align_size,
     allocation_granularity,
 };
 pub use reservation::{Region, VirtualReservation};

@@ -226,3 +226,20 @@ assert_eq_size!(cuda_vmm::raw::CUdevice, i32);
 // A granted mapping lives in a struct field and moves between threads, as an owned mapping does.
 assert_impl_all!(cuda_vmm::owned::GrantedMapping: Send, Sync);
 assert_impl_all!(cuda_vmm::owned::GrantedMapping<cuda_vmm::ReadOnly>: Send, Sync);
+
+// An owned host mapping owns its allocation, its reservation and its devices' contexts: no
+// lifetime, it lives in a struct field and moves between threads. Shared by reference it gives only
+// device read views (its CPU slices need `&mut`), so it is `Sync` too. A copy would unmap, release
+// and free twice. The mode is a type, not a field.
+assert_impl_all!(cuda_vmm::host::OwnedHostMapping<ReadWrite>: Send, Sync);
+assert_impl_all!(cuda_vmm::host::OwnedHostMapping<ReadOnly>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::host::OwnedHostMapping<ReadWrite>: Clone, Copy);
+const _: () = owned_outright::<cuda_vmm::host::OwnedHostMapping<ReadWrite>>();
+const _: () = owned_outright::<cuda_vmm::host::OwnedHostMapping<ReadOnly>>();
+const_assert_eq!(
+    size_of::<cuda_vmm::host::OwnedHostMapping<ReadWrite>>(),
+    size_of::<cuda_vmm::host::OwnedHostMapping<ReadOnly>>()
+);
+// A set of handle kinds is the driver's `CUmemAllocationHandleType` bits and nothing more.
+assert_impl_all!(cuda_vmm::vmm::HandleKinds: Send, Sync, Copy, Default, core::hash::Hash);
+assert_eq_size!(cuda_vmm::vmm::HandleKinds, u32);

@@ -14,7 +14,7 @@ use crate::error::{Error, Result, check, first_error};
 use crate::module::Function;
 use crate::sys;
 #[cfg(doc)]
-use crate::view::DeviceSliceMut;
+use crate::view::{DeviceSlice, DeviceSliceMut};
 use crate::wait;
 
 use super::Stream;

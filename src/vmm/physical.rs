@@ -9,6 +9,11 @@ use crate::device::Device;
 use crate::error::{DriverResult, Error, Result, check};
 use crate::sys;
 
+// What an allocation can be exported as and made capable of, and the checks before `cuMemCreate`.
+mod handles;
+
+pub use handles::HandleKinds;
+
 /// Which allocation granularity to ask for (`CUmemAllocationGranularity_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Granularity {
@@ -59,17 +64,49 @@ impl Location {
     }
 }
 
-/// How to allocate physical memory: the location, and (set by
-/// [`ShareableAllocation`](crate::ipc::ShareableAllocation) only) the handle types it can be exported as.
-/// `#[non_exhaustive]` leaves room for allocation flags.
+/// How to allocate physical memory: the location, the kinds of shareable handle it can be exported
+/// as ([`HandleKinds`]) and whether it is `GPUDirect` RDMA capable. `#[non_exhaustive]` leaves room for
+/// more allocation flags.
+///
+/// The builder methods ([`with_handle_kinds`](AllocationOptions::with_handle_kinds),
+/// [`with_rdma`](AllocationOptions::with_rdma)) only record what is asked; every option is checked
+/// by [`PhysicalAllocation::with_options`] before `cuMemCreate`, against the location and the device
+/// attribute that allows it:
+///
+/// | option | device memory | [`Location::HostNuma`] | [`Location::Host`] |
+/// | --- | --- | --- | --- |
+/// | [`HandleKinds::POSIX_FD`] | `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED` | passed to the driver (no attribute covers host memory) | refused: the driver refuses any handle type there |
+/// | [`HandleKinds::FABRIC`] | `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, and a probe: one allocation exported and imported as a fabric handle, once per device | refused | refused |
+/// | [`with_rdma`](AllocationOptions::with_rdma) | `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED` | refused | refused |
+///
+/// A [`HostAllocation`](crate::host::HostAllocation), whose bytes the CPU borrows as slices, is
+/// always made with no handle kind: no other process may write them meanwhile.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_vmm::vmm::{AllocationOptions, HandleKinds};
+/// use cuda_vmm::{Device, PhysicalAllocation};
+///
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// let device = Device::get(0)?;
+/// let options = AllocationOptions::device(device)
+///     .with_handle_kinds(HandleKinds::POSIX_FD)
+///     .with_rdma(true);
+/// let page = options.granularity(cuda_vmm::Granularity::Minimum)?;
+/// let memory = PhysicalAllocation::with_options(page, options)?; // checked, then cuMemCreate
+/// assert!(memory.options().handle_kinds().contains(HandleKinds::POSIX_FD));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct AllocationOptions {
     /// Where the memory lives.
     pub location: Location,
-    /// The `CUmemAllocationHandleType` bits for `requestedHandleTypes`: none, unless a shareable
-    /// allocation asks for its kind.
-    pub(crate) handle_types: u32,
+    /// The kinds of handle for `requestedHandleTypes`: none, unless asked for.
+    handle_kinds: HandleKinds,
+    /// `allocFlags.gpuDirectRDMACapable`.
+    rdma: bool,
 }
 
 impl AllocationOptions {
@@ -94,16 +131,46 @@ impl AllocationOptions {
     fn at(location: Location) -> AllocationOptions {
         AllocationOptions {
             location,
-            handle_types: sys::CU_MEM_HANDLE_TYPE_NONE,
+            handle_kinds: HandleKinds::NONE,
+            rdma: false,
         }
     }
 
-    /// The same options, exportable as the handle types of `raw` (`CUmemAllocationHandleType` bits).
-    pub(crate) fn with_handle_types(self, raw: u32) -> AllocationOptions {
+    /// The same options, exportable as every kind of `kinds` (`requestedHandleTypes`); replaces the
+    /// kinds asked for before. Checked by [`PhysicalAllocation::with_options`] (see the table above).
+    #[must_use]
+    pub fn with_handle_kinds(self, kinds: HandleKinds) -> AllocationOptions {
         AllocationOptions {
-            handle_types: raw,
+            handle_kinds: kinds,
             ..self
         }
+    }
+
+    /// The same options, `GPUDirect` RDMA capable or not (`allocFlags.gpuDirectRDMACapable`): memory a
+    /// network adapter may read and write directly once registered with it. Checked by
+    /// [`PhysicalAllocation::with_options`] against
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+    #[must_use]
+    pub fn with_rdma(self, rdma: bool) -> AllocationOptions {
+        AllocationOptions { rdma, ..self }
+    }
+
+    /// The kinds of shareable handle the memory can be exported as.
+    #[must_use]
+    pub fn handle_kinds(&self) -> HandleKinds {
+        self.handle_kinds
+    }
+
+    /// Whether the memory is asked `GPUDirect` RDMA capable.
+    #[must_use]
+    pub fn rdma(&self) -> bool {
+        self.rdma
+    }
+
+    /// The same options, exportable as the handle types of `raw` (`CUmemAllocationHandleType` bits,
+    /// from the constants of `sys`).
+    pub(crate) fn with_handle_types(self, raw: u32) -> AllocationOptions {
+        self.with_handle_kinds(HandleKinds::from_raw(raw))
     }
 
     /// The driver's property struct, built field by field: never from `Default`/`zeroed` of
@@ -111,10 +178,14 @@ impl AllocationOptions {
     fn raw(&self) -> sys::CUmemAllocationProp {
         sys::CUmemAllocationProp {
             type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: self.handle_types,
+            requestedHandleTypes: self.handle_kinds.bits(),
             location: self.location.raw(),
             win32HandleMetaData: ptr::null_mut(),
-            allocFlags: 0,
+            allocFlags: if self.rdma {
+                sys::ALLOC_FLAGS_GPU_DIRECT_RDMA_CAPABLE
+            } else {
+                0
+            },
         }
     }
 
@@ -248,8 +319,16 @@ impl PhysicalAllocation {
 
     /// `cuMemCreate` — allocate `size` bytes as `options` say.
     ///
+    /// Each option is checked before the driver is called, against the location and the device
+    /// attribute that allows it (the table on [`AllocationOptions`]); options with no handle kind and
+    /// no RDMA flag cost no check.
+    ///
     /// # Errors
-    /// As [`PhysicalAllocation::new`].
+    /// Before `cuMemCreate`: [`Error::NotForLocation`] for an option the location does not take
+    /// (a handle kind for [`Location::Host`], a fabric handle or the RDMA flag for host memory);
+    /// [`Error::Unsupported`] where the device attribute of a handle kind or of RDMA is 0;
+    /// [`Error::Refused`] where the fabric probe failed (with `CUDA_ERROR_NOT_PERMITTED` where the
+    /// process has no IMEX channel). Otherwise as [`PhysicalAllocation::new`].
     #[doc(alias = "cuMemCreate")]
     pub fn with_options(
         size: usize,
@@ -260,6 +339,7 @@ impl PhysicalAllocation {
                 what: "allocation size",
             });
         }
+        handles::check_supported(&options)?;
         let granularity = options.minimum_granularity_cached()?;
         check_multiple("allocation size", size, granularity)?;
         let prop = options.raw();
@@ -308,6 +388,12 @@ impl PhysicalAllocation {
     #[must_use]
     pub fn location(&self) -> Location {
         self.options.location
+    }
+
+    /// The options the memory was created (or imported) with.
+    #[must_use]
+    pub fn options(&self) -> AllocationOptions {
+        self.options
     }
 
     /// The raw allocation handle, for driver calls this crate does not wrap. It stays valid while `self`

@@ -1,0 +1,339 @@
+//! What an allocation can be exported as ([`HandleKinds`]) and made capable of (`GPUDirect` RDMA), and
+//! the checks that `cuMemCreate` is only asked for what the device and the location allow.
+
+use core::ffi::c_void;
+use core::fmt;
+use core::ops::{BitOr, BitOrAssign};
+use std::sync::{Mutex, PoisonError};
+
+use super::{AllocationOptions, Location};
+use crate::device::Device;
+use crate::error::{DriverError, DriverResult, Error, Result, check};
+use crate::sys;
+
+/// A set of kinds of shareable handle an allocation can be exported as: the
+/// `CUmemAllocationHandleType` bits of `CUmemAllocationProp::requestedHandleTypes`.
+///
+/// Made from the constants and `|`; it holds no bit this crate does not name.
+///
+/// ```
+/// use cuda_vmm::vmm::HandleKinds;
+///
+/// let both = HandleKinds::POSIX_FD | HandleKinds::FABRIC;
+/// assert!(both.contains(HandleKinds::POSIX_FD));
+/// assert!(!HandleKinds::POSIX_FD.contains(both));
+/// assert!(HandleKinds::NONE.is_empty());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct HandleKinds(u32);
+
+impl HandleKinds {
+    /// No handle kind: the memory is not exportable (`CU_MEM_HANDLE_TYPE_NONE`).
+    pub const NONE: HandleKinds = HandleKinds(sys::CU_MEM_HANDLE_TYPE_NONE);
+    /// A POSIX file descriptor (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`), shared between
+    /// processes of one machine.
+    pub const POSIX_FD: HandleKinds = HandleKinds(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    /// A fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`), shared within an IMEX domain (one or several
+    /// machines linked by `NVLink`).
+    pub const FABRIC: HandleKinds = HandleKinds(sys::CU_MEM_HANDLE_TYPE_FABRIC);
+
+    /// The kinds with their names, for `Debug` and the checks.
+    const NAMED: [(HandleKinds, &'static str); 2] = [
+        (HandleKinds::POSIX_FD, "POSIX_FD"),
+        (HandleKinds::FABRIC, "FABRIC"),
+    ];
+
+    /// Whether every kind of `other` is in `self` (`true` for an empty `other`).
+    #[must_use]
+    pub const fn contains(self, other: HandleKinds) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether the set holds no kind.
+    #[must_use]
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The kinds of both sets.
+    #[must_use]
+    pub const fn union(self, other: HandleKinds) -> HandleKinds {
+        HandleKinds(self.0 | other.0)
+    }
+
+    /// The `CUmemAllocationHandleType` bits, for driver calls this crate does not wrap.
+    #[must_use]
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// The set of `raw`'s bits, which the caller takes from the constants of `sys`.
+    pub(crate) const fn from_raw(raw: u32) -> HandleKinds {
+        HandleKinds(raw)
+    }
+}
+
+impl BitOr for HandleKinds {
+    type Output = HandleKinds;
+    fn bitor(self, other: HandleKinds) -> HandleKinds {
+        self.union(other)
+    }
+}
+
+impl BitOrAssign for HandleKinds {
+    fn bitor_assign(&mut self, other: HandleKinds) {
+        *self = self.union(other);
+    }
+}
+
+impl fmt::Debug for HandleKinds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HandleKinds(")?;
+        if self.is_empty() {
+            f.write_str("NONE")?;
+        }
+        let mut first = true;
+        for (kind, name) in HandleKinds::NAMED {
+            if self.contains(kind) {
+                if !first {
+                    f.write_str(" | ")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        f.write_str(")")
+    }
+}
+
+/// What a fabric refusal of `NOT_PERMITTED` means.
+const NO_IMEX_CHANNEL: &str = "the process has no IMEX channel (the driver's \
+     nvidia-caps-imex-channels device and a channel file the user can open)";
+
+const FABRIC_WHAT: &str = "fabric-shareable memory";
+
+/// Checks `options` before `cuMemCreate`: every handle kind and the RDMA flag against the location
+/// (host memory is never fabric-shareable or RDMA-flagged here, and memory with no NUMA node never
+/// shareable) and, for device memory, against the device attribute that allows it; fabric handles
+/// also against a probe, made once per device.
+///
+/// # Errors
+/// [`Error::NotForLocation`] for an option the location does not take; [`Error::Unsupported`] where
+/// a device attribute is 0; [`Error::Refused`] where the fabric probe failed; the driver's error
+/// where an attribute or the probe could not be read.
+pub(super) fn check_supported(options: &AllocationOptions) -> Result<()> {
+    let kinds = options.handle_kinds();
+    if kinds.is_empty() && !options.rdma() {
+        return Ok(());
+    }
+    match options.location {
+        Location::Device(device) => check_device(device, kinds, options.rdma()),
+        Location::Host => {
+            if !kinds.is_empty() {
+                return Err(Error::NotForLocation {
+                    what: "a shareable handle kind",
+                    location: "on the host with no NUMA node (Location::Host)",
+                    why: "the driver makes such memory unshareable and refuses any handle type \
+                          (CUDA_ERROR_INVALID_VALUE)",
+                });
+            }
+            Err(not_rdma_on_host())
+        }
+        Location::HostNuma(_) => {
+            if kinds.contains(HandleKinds::FABRIC) {
+                return Err(Error::NotForLocation {
+                    what: "a fabric handle",
+                    location: "on a host NUMA node (Location::HostNuma)",
+                    why: "the device attribute and the probe that say whether fabric handles work \
+                          are a device's, and host memory has none",
+                });
+            }
+            if options.rdma() {
+                return Err(not_rdma_on_host());
+            }
+            // A POSIX file descriptor: the driver decides (no device attribute covers host memory).
+            Ok(())
+        }
+    }
+}
+
+fn not_rdma_on_host() -> Error {
+    Error::NotForLocation {
+        what: "the GPUDirect RDMA flag",
+        location: "on the host",
+        why: "it is a property of device memory (its attribute is a device's); host memory is \
+              reached by other devices without it",
+    }
+}
+
+fn check_device(device: Device, kinds: HandleKinds, rdma: bool) -> Result<()> {
+    if kinds.contains(HandleKinds::POSIX_FD) && !device.supports_posix_fd_handles()? {
+        return Err(Error::Unsupported {
+            what: "memory shareable as a POSIX file descriptor",
+            device: device.as_raw(),
+            attribute: sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        });
+    }
+    if kinds.contains(HandleKinds::FABRIC) {
+        if !device.supports_fabric_handles()? {
+            return Err(Error::Unsupported {
+                what: FABRIC_WHAT,
+                device: device.as_raw(),
+                attribute: sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+            });
+        }
+        fabric_probe_cached(device)?;
+    }
+    if rdma && !device.supports_gpu_direct_rdma_with_vmm()? {
+        return Err(Error::Unsupported {
+            what: "GPUDirect RDMA capable VMM memory",
+            device: device.as_raw(),
+            attribute: sys::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+        });
+    }
+    Ok(())
+}
+
+/// The fabric probe's answer for `device`: asked of the driver once per device and then remembered
+/// (an IMEX channel does not come or go while a process runs), except an out-of-memory answer,
+/// which says nothing about fabric handles and is asked again next time.
+///
+/// # Errors
+/// [`Error::Refused`] with the driver's refusal of a probe step.
+fn fabric_probe_cached(device: Device) -> Result<()> {
+    static KNOWN: Mutex<Vec<(i32, DriverResult<()>)>> = Mutex::new(Vec::new());
+    let known = |table: &Vec<(i32, DriverResult<()>)>| {
+        table.iter().find(|e| e.0 == device.as_raw()).map(|e| e.1)
+    };
+    // The lock is not held across the probe; two first callers may both probe, and one answer is kept.
+    let cached = known(&KNOWN.lock().unwrap_or_else(PoisonError::into_inner));
+    let answer = if let Some(answer) = cached {
+        answer
+    } else {
+        let answer = fabric_probe(device)?;
+        if answer != Err(DriverError::OUT_OF_MEMORY) {
+            let mut table = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
+            if known(&table).is_none() {
+                table.push((device.as_raw(), answer));
+            }
+        }
+        answer
+    };
+    answer.map_err(|error| Error::Refused {
+        what: FABRIC_WHAT,
+        why: if error == DriverError::NOT_PERMITTED {
+            NO_IMEX_CHANNEL
+        } else {
+            "a probe allocation could not be created, exported as a fabric handle and imported again"
+        },
+        error,
+    })
+}
+
+/// The probe: one allocation of `device`'s fabric granularity with the fabric handle type
+/// (`cuMemCreate`), exported (`cuMemExportToShareableHandle`) and imported again
+/// (`cuMemImportFromShareableHandle`); everything it made is released before it returns. The outer
+/// `Result` is the granularity query's error; the inner one the first refusal of a probe step.
+fn fabric_probe(device: Device) -> Result<DriverResult<()>> {
+    let options = AllocationOptions::device(device).with_handle_kinds(HandleKinds::FABRIC);
+    let size = options.minimum_granularity_cached()?;
+    let prop = options.raw();
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `handle` is writable and `prop` a fully initialised property mirror, both alive for the
+    // call; `size` is the granularity of these options; flags must be 0.
+    let created = check(unsafe { sys::cuMemCreate(&raw mut handle, size, &raw const prop, 0) });
+    if let Err(error) = created {
+        return Ok(Err(error));
+    }
+    let mut shared = sys::CUmemFabricHandle { data: [0; 64] };
+    // SAFETY: for a fabric handle the driver writes one `CUmemFabricHandle` through the pointer:
+    // `shared` is a live, writable one. `handle` was just created with the fabric handle type; flags
+    // must be 0.
+    let exported = check(unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut shared).cast::<c_void>(),
+            handle,
+            sys::CU_MEM_HANDLE_TYPE_FABRIC,
+            0,
+        )
+    });
+    let imported = exported.and_then(|()| {
+        let mut imported: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `imported` is writable; for a fabric handle the driver reads the
+        // `CUmemFabricHandle` the pointer points to, which the export has just written and which
+        // lives for the call.
+        check(unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &raw mut imported,
+                (&raw mut shared).cast::<c_void>(),
+                sys::CU_MEM_HANDLE_TYPE_FABRIC,
+            )
+        })?;
+        // SAFETY: the import has just returned this handle, a reference of its own: released once.
+        check(unsafe { sys::cuMemRelease(imported) })
+    });
+    // SAFETY: `handle` came from `cuMemCreate` above and is released once, here; nothing maps it.
+    let released = check(unsafe { sys::cuMemRelease(handle) });
+    Ok(imported.and(released))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HandleKinds;
+
+    const ALL: [HandleKinds; 4] = [
+        HandleKinds::NONE,
+        HandleKinds::POSIX_FD,
+        HandleKinds::FABRIC,
+        HandleKinds::POSIX_FD.union(HandleKinds::FABRIC),
+    ];
+
+    #[test]
+    fn the_bits_are_the_drivers() {
+        assert_eq!(HandleKinds::NONE.bits(), 0);
+        assert_eq!(HandleKinds::POSIX_FD.bits(), 1);
+        assert_eq!(HandleKinds::FABRIC.bits(), 8);
+        assert_eq!((HandleKinds::POSIX_FD | HandleKinds::FABRIC).bits(), 9);
+        assert_eq!(HandleKinds::default(), HandleKinds::NONE);
+    }
+
+    #[test]
+    fn contains_is_the_subset_relation() {
+        for a in ALL {
+            for b in ALL {
+                assert_eq!(
+                    a.contains(b),
+                    a.bits() & b.bits() == b.bits(),
+                    "{a:?} {b:?}"
+                );
+                assert!((a | b).contains(a) && (a | b).contains(b));
+                assert_eq!(a | b, b | a);
+            }
+            assert!(a.contains(HandleKinds::NONE));
+            assert_eq!(a | a, a);
+            assert_eq!(a.is_empty(), a == HandleKinds::NONE);
+        }
+        assert!(!HandleKinds::POSIX_FD.contains(HandleKinds::FABRIC));
+        assert!(!HandleKinds::FABRIC.contains(HandleKinds::POSIX_FD));
+        assert!(!HandleKinds::NONE.contains(HandleKinds::POSIX_FD));
+    }
+
+    #[test]
+    fn or_assign_adds_kinds() {
+        let mut kinds = HandleKinds::NONE;
+        kinds |= HandleKinds::FABRIC;
+        assert_eq!(kinds, HandleKinds::FABRIC);
+        kinds |= HandleKinds::POSIX_FD;
+        assert!(kinds.contains(HandleKinds::POSIX_FD | HandleKinds::FABRIC));
+    }
+
+    #[test]
+    fn debug_names_each_kind() {
+        assert_eq!(format!("{:?}", HandleKinds::NONE), "HandleKinds(NONE)");
+        assert_eq!(format!("{:?}", HandleKinds::FABRIC), "HandleKinds(FABRIC)");
+        assert_eq!(
+            format!("{:?}", HandleKinds::FABRIC | HandleKinds::POSIX_FD),
+            "HandleKinds(POSIX_FD | FABRIC)"
+        );
+    }
+}
