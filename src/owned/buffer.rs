@@ -18,6 +18,7 @@ use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple
 use crate::vmm::reservation::VirtualReservation;
 
 use super::pages::{Claims, RETIRED, Span, check_new_range, insertion_point, pages_inside};
+use super::shared::SharedPage;
 
 mod retire;
 mod scoped;
@@ -75,10 +76,45 @@ pub struct PageInfo {
     pub retired: bool,
 }
 
+/// The memory of a page: owned by the buffer, or a share of a [`SharedPage`] mapped elsewhere too.
+enum Memory {
+    Own(PhysicalAllocation),
+    Shared(SharedPage),
+}
+
+impl Memory {
+    fn allocation(&self) -> &PhysicalAllocation {
+        match self {
+            Memory::Own(memory) => memory,
+            Memory::Shared(page) => page.allocation(),
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.allocation().size()
+    }
+
+    fn as_raw(&self) -> sys::CUmemGenericAllocationHandle {
+        self.allocation().as_raw()
+    }
+
+    /// `cuMemRelease` of owned memory; a share is dropped, and the memory released (by its last
+    /// share's drop, which ignores the driver's answer) where it was the last.
+    fn release_code(self) -> DriverResult<()> {
+        match self {
+            Memory::Own(memory) => memory.release_code(),
+            Memory::Shared(page) => match page.into_allocation() {
+                Ok(memory) => memory.release_code(),
+                Err(_shared_elsewhere) => Ok(()),
+            },
+        }
+    }
+}
+
 /// A page: a whole physical allocation mapped at `offset`.
 struct Page {
     offset: usize,
-    memory: PhysicalAllocation,
+    memory: Memory,
     /// The device the memory was created on (every page of a buffer is device memory).
     device: Device,
     granted: bool,
@@ -541,8 +577,69 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
         let index = insertion_point(&table.pages, offset, end)?;
         let memory = PhysicalAllocation::new(device, size)?;
-        self.map_at(table, index, offset, memory, device)?;
+        self.map_at(table, index, offset, Memory::Own(memory), device)?;
         Ok(offset)
+    }
+
+    /// `cuMemMap`, `cuMemSetAccess` — map one more mapping of `page`'s memory (a whole
+    /// [`SharedPage`] of device memory, mapped elsewhere too, or not yet) at byte `offset` of the
+    /// buffer, granted to the access set in the buffer's mode. The buffer holds a share of the page:
+    /// its memory is released with its last share and its last mapping, in this buffer or any other.
+    ///
+    /// Each mapping of a shared page has its own grant: a prefix page shared by many sequences is
+    /// mapped into a [`ReadOnly`](crate::ReadOnly) buffer (or a read-only
+    /// [`OwnedMapping`](super::OwnedMapping)) where it is shared, and written through one read-write
+    /// mapping. Takes `&self`, as [`map_page`](VirtualBuffer::map_page).
+    ///
+    /// # Errors
+    /// Before any driver call: as [`map_page`](VirtualBuffer::map_page) for the offset and the page's
+    /// size, and [`Error::NotForLocation`] for a page of host memory. The driver's error otherwise;
+    /// the buffer is then as it was, and the share is dropped.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadOnly, ReadWrite, VirtualBuffer, owned::SharedPage};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let page = 2 << 20;
+    /// let prefix = SharedPage::new(device, page)?;
+    /// let writer = VirtualBuffer::new(page, &[device], ReadWrite)?;
+    /// writer.map_shared(0, &prefix)?;
+    /// let sequence = VirtualBuffer::new(4 * page, &[device], ReadOnly)?;
+    /// sequence.map_shared(0, &prefix)?; // read-only here
+    /// sequence.map_shared(page, &prefix)?; // and at a second offset
+    /// assert_eq!(prefix.share_count(), 4);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemMap")]
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn map_shared(&self, offset: usize, page: &SharedPage) -> Result<(), Error> {
+        let Some(device) = page.device() else {
+            return Err(Error::NotForLocation {
+                what: "a shared page",
+                location: "host memory",
+                why: "the pages of a virtual buffer are device memory",
+            });
+        };
+        let mut table = self.lock();
+        self.reclaim_finished(&mut table);
+        let granularity = granularity(device)?.max(page.granularity());
+        let end = check_new_range(
+            (self.base, self.budget, BUDGET),
+            offset,
+            page.size(),
+            granularity,
+        )?;
+        let index = insertion_point(&table.pages, offset, end)?;
+        self.map_at(
+            &mut table,
+            index,
+            offset,
+            Memory::Shared(page.clone()),
+            device,
+        )
     }
 
     /// `cuMemMap` and `cuMemSetAccess` of `memory` at `offset` (checked by `map_new`, which found
@@ -552,7 +649,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         table: &mut Table,
         index: usize,
         offset: usize,
-        memory: PhysicalAllocation,
+        memory: Memory,
         device: Device,
     ) -> Result<(), Error> {
         let address = self.base.wrapping_add(offset as u64);
@@ -562,7 +659,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
         // the budget), which only this buffer maps into, and overlaps none of its pages, retired
         // ones included (checked, under the lock that every change of the pages holds); both ends
         // are multiples of the memory's granularity (checked). `memory` is a live allocation handle
-        // of `size` bytes, owned here; offset 0 and flags 0 as the driver requires.
+        // of `size` bytes, owned here or shared (a share held, so it is not released while mapped);
+        // offset 0 and flags 0 as the driver requires.
         if let Err(error) = check(unsafe { sys::cuMemMap(address, size, 0, memory.as_raw(), 0) }) {
             return Err(with_cleanup(error, memory.release_code(), "page mapping"));
         }
