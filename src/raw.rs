@@ -47,4 +47,8 @@ opaque_handles! {
     CUfunction => CUfunc_st,
     /// A graph (`CUgraph`).
     CUgraph => CUgraph_st,
+    /// An instantiated, launchable graph (`CUgraphExec`).
+    CUgraphExec => CUgraphExec_st,
+    /// A node of a graph (`CUgraphNode`).
+    CUgraphNode => CUgraphNode_st,
 }

@@ -14,12 +14,15 @@ use crate::sys;
 use crate::wait;
 
 mod event;
+mod graph;
 mod launch;
 pub(crate) mod lend;
 mod pinned;
+mod queue;
 mod scope;
 
 pub use event::Event;
+pub use graph::{Capture, Graph, KernelNode};
 pub use launch::{KernelArg, KernelArgs};
 pub use lend::{DeviceInFlight, HostInFlight, HostSource, Rewritable, ScopedRead, ScopedWrite};
 pub use pinned::PinnedBuffer;

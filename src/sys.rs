@@ -20,8 +20,8 @@ use core::mem::{align_of, offset_of, size_of};
 // The handle types are the crate's own (`crate::raw`), so that no bindings crate's type reaches the
 // public API; they have the C types' representation (an `int`, an `unsigned long long`, or a pointer).
 pub(crate) use crate::raw::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUmemGenericAllocationHandle,
-    CUmodule, CUstream,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUgraphExec, CUgraphNode,
+    CUmemGenericAllocationHandle, CUmodule, CUstream,
 };
 
 /// A raw `CUresult`: an integer, so that codes no header knew about are representable.
@@ -43,6 +43,10 @@ pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
 // `CUstreamCaptureMode`: RELAXED, the mode in which a thread's calls are refused by no other
 // thread's capture (the others are GLOBAL 0, the default, and THREAD_LOCAL 1).
 pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+// THREAD_LOCAL: a capture that refuses the potentially unsafe calls of its own thread only, so that
+// other threads' waits neither fail nor invalidate it.
+pub(crate) const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
 // `CU_STREAM_PER_THREAD`: the calling thread's default stream, whichever thread that is.
 #[cfg(feature = "cudarc")]
 pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
@@ -283,6 +287,32 @@ unsafe extern "C" {
     pub(crate) fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint) -> CUresult;
     pub(crate) fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     pub(crate) fn cuGraphDestroy(graph: CUgraph) -> CUresult;
+    /// `mode` is a `CUstreamCaptureMode`, as an integer.
+    pub(crate) fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) -> CUresult;
+    /// CUDA 11.3 and later. `status` is a `CUstreamCaptureStatus`, as an integer; `dependencies`
+    /// points at the driver's array, valid until the next call on the stream.
+    pub(crate) fn cuStreamGetCaptureInfo_v2(
+        stream: CUstream,
+        status: *mut c_uint,
+        id: *mut u64,
+        graph: *mut CUgraph,
+        dependencies: *mut *const CUgraphNode,
+        count: *mut usize,
+    ) -> CUresult;
+    /// CUDA 11.4 and later.
+    pub(crate) fn cuGraphInstantiateWithFlags(
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        flags: u64,
+    ) -> CUresult;
+    pub(crate) fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult;
+    pub(crate) fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult;
+    /// CUDA 12.0 and later: the `_v2` parameters, with `kern` and `ctx`.
+    pub(crate) fn cuGraphExecKernelNodeSetParams_v2(
+        exec: CUgraphExec,
+        node: CUgraphNode,
+        params: *const CUDA_KERNEL_NODE_PARAMS_v2,
+    ) -> CUresult;
     pub(crate) fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
     pub(crate) fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
     pub(crate) fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
@@ -353,3 +383,33 @@ unsafe extern "C" {
     ) -> CUresult;
 
 }
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (CUDA 12.0 and later; not in cuda-driver-sys's 10.2 headers): a kernel
+/// node's launch, as `cuGraphExecKernelNodeSetParams_v2` takes it. `kern` null and `ctx` null: the
+/// node launches `func`, in the current context.
+#[repr(C)]
+pub(crate) struct CUDA_KERNEL_NODE_PARAMS_v2 {
+    pub(crate) func: CUfunction,
+    pub(crate) gridDimX: c_uint,
+    pub(crate) gridDimY: c_uint,
+    pub(crate) gridDimZ: c_uint,
+    pub(crate) blockDimX: c_uint,
+    pub(crate) blockDimY: c_uint,
+    pub(crate) blockDimZ: c_uint,
+    pub(crate) sharedMemBytes: c_uint,
+    pub(crate) kernelParams: *mut *mut c_void,
+    pub(crate) extra: *mut *mut c_void,
+    pub(crate) kern: *mut c_void,
+    pub(crate) ctx: CUcontext,
+}
+
+// The layout of CUDA 12's `cuda.h` on 64-bit targets: seven 32-bit fields after the function, padded
+// to the pointers.
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_v2>() == 72);
+    assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v2, sharedMemBytes) == 32);
+    assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams) == 40);
+    assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v2, kern) == 56);
+    assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v2, ctx) == 64);
+};

@@ -42,6 +42,7 @@
 //!    borrows end under running work, and unwinding would too. A process abort is the only answer
 //!    that stays sound.
 
+use core::cell::Cell;
 use core::ptr;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
@@ -82,13 +83,39 @@ pub(crate) fn stream(context: sys::CUcontext, stream: sys::CUstream) -> Result<(
     // `GLOBAL` mode, and the driver then invalidates that capture, as it does for every
     // potentially unsafe call of any thread during such a capture; a capture in `THREAD_LOCAL` or
     // `RELAXED` mode is not disturbed.
-    bind(context)?;
-    // SAFETY: a live stream of the current context (bound just above), or null for its legacy
-    // default stream: the caller's guarantee.
-    if check(unsafe { sys::cuStreamSynchronize(stream) }).is_ok() {
-        return Ok(());
+    // A thread that is capturing a graph itself (`Graph::capture`, `THREAD_LOCAL` mode) skips that
+    // attempt: the driver would refuse it and invalidate the capture.
+    if CAPTURING.with(Cell::get) == 0 {
+        bind(context)?;
+        // SAFETY: a live stream of the current context (bound just above), or null for its legacy
+        // default stream: the caller's guarantee.
+        if check(unsafe { sys::cuStreamSynchronize(stream) }).is_ok() {
+            return Ok(());
+        }
     }
     wait(context, Target::Stream(stream))
+}
+
+thread_local! {
+    /// How many graph captures this thread has under way (`Graph::capture`, nested ones included).
+    static CAPTURING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// This thread captures a graph for as long as the value lives: its waits go straight to
+/// `RELAXED` mode, where its own `THREAD_LOCAL` capture refuses none of them.
+pub(crate) struct CapturingHere(());
+
+impl CapturingHere {
+    pub(crate) fn enter() -> CapturingHere {
+        CAPTURING.with(|c| c.set(c.get().saturating_add(1)));
+        CapturingHere(())
+    }
+}
+
+impl Drop for CapturingHere {
+    fn drop(&mut self) {
+        CAPTURING.with(|c| c.set(c.get().saturating_sub(1)));
+    }
 }
 
 /// Waits until `event`, a live event of `context`, has completed its last record.

@@ -243,3 +243,10 @@ const_assert_eq!(
 // A set of handle kinds is the driver's `CUmemAllocationHandleType` bits and nothing more.
 assert_impl_all!(cuda_vmm::vmm::HandleKinds: Send, Sync, Copy, Default, core::hash::Hash);
 assert_eq_size!(cuda_vmm::vmm::HandleKinds, u32);
+// A graph is replayed from any thread's scope and moves between threads with its borrows; it is one
+// owner of its driver objects (no `Clone`). Its capture stays on the capturing thread, and a kernel
+// node is a plain, copyable name.
+assert_impl_all!(cuda_vmm::stream::Graph<'static>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::Graph<'static>: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::stream::Capture<'static, 'static>: Send, Sync);
+assert_impl_all!(cuda_vmm::stream::KernelNode: Send, Sync, Copy);

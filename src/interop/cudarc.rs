@@ -121,6 +121,7 @@ use bytemuck::Pod;
 
 use crate::device::{Context, Device};
 use crate::error::{DriverResult, Error, check};
+use crate::stream::lend::sealed::Token;
 use crate::stream::{ScopedRead, ScopedWrite};
 use crate::sys;
 use crate::view::DeviceSlice;
@@ -293,7 +294,9 @@ impl<'scope> Scope<'scope, '_> {
     ) -> Result<Lent<'scope, T>, Error> {
         // A view whose memory can leave while a scope lasts (a `ScopedBuffer`'s) is refused here: the
         // registry of its scope does not know this stream.
-        let (view, _, _) = crate::stream::lend::lend(view, self.state.raw_stream())?.into_parts();
+        let (view, _, _) =
+            crate::stream::lend::lend(view, Token::new(self.state.raw_stream(), false))?
+                .into_parts();
         let never_mapped = self.state.admit_view(&view)?;
         Ok(Lent {
             ptr: view.as_raw_ptr(),
@@ -315,7 +318,8 @@ impl<'scope> Scope<'scope, '_> {
         view: impl ScopedWrite<'scope, T>,
     ) -> Result<LentMut<'scope, T>, Error> {
         let (view, _, _) =
-            crate::stream::lend::lend_mut(view, self.state.raw_stream())?.into_parts();
+            crate::stream::lend::lend_mut(view, Token::new(self.state.raw_stream(), false))?
+                .into_parts();
         let never_mapped = self.state.admit_view(&view)?;
         Ok(LentMut {
             ptr: view.as_raw_ptr(),

@@ -221,11 +221,13 @@ pub(crate) mod sealed {
     pub struct Token {
         /// The stream the operation that lends queues its work on.
         pub(crate) stream: crate::sys::CUstream,
+        /// Whether the work is captured into a graph rather than run.
+        pub(crate) capture: bool,
     }
 
     impl Token {
-        pub(in crate::stream) fn new(stream: crate::sys::CUstream) -> Token {
-            Token { stream }
+        pub(crate) fn new(stream: crate::sys::CUstream, capture: bool) -> Token {
+            Token { stream, capture }
         }
     }
 
@@ -328,12 +330,18 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
     pub(crate) fn admit(
         view: DeviceSlice<'scope, T>,
         origin: Option<Origin<'scope>>,
-        stream: sys::CUstream,
+        token: sealed::Token,
     ) -> Result<sealed::Lent<'scope, T>, Error> {
         let Some(origin) = origin else {
             return Ok(sealed::Lent::plain(view));
         };
-        origin.admit(&view, stream)?;
+        if token.capture {
+            return Err(Error::StreamRefused {
+                why: "a view of a scoped buffer, whose pages can be retired while the scope lasts, \
+                      is not captured into a graph, which would keep its address",
+            });
+        }
+        origin.admit(&view, token.stream)?;
         Ok(sealed::Lent {
             view,
             origin: Some(origin),
@@ -365,17 +373,17 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
 /// only callers of [`ScopedRead::lend`], which takes a [`sealed::Token`]).
 pub(crate) fn lend<'scope, T>(
     view: impl ScopedRead<'scope, T>,
-    stream: sys::CUstream,
+    token: sealed::Token,
 ) -> Result<sealed::Lent<'scope, T>, Error> {
-    view.lend(sealed::Token::new(stream))
+    view.lend(token)
 }
 
 /// The view `view` lends for writing to work queued on `stream`, for the crate's own operations.
 pub(crate) fn lend_mut<'scope, T>(
     view: impl ScopedWrite<'scope, T>,
-    stream: sys::CUstream,
+    token: sealed::Token,
 ) -> Result<sealed::Lent<'scope, T>, Error> {
-    view.lend_mut(sealed::Token::new(stream))
+    view.lend_mut(token)
 }
 
 /// A device view lent to queued work for reading, for the rest of a scope: a
@@ -460,7 +468,7 @@ impl<'scope, T: Pod> ScopedRead<'scope, T> for &'scope DeviceSliceMut<'_, T> {
 impl<T: Pod> sealed::Read for DeviceInFlight<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for DeviceInFlight<'scope, T> {
     fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
-        sealed::Lent::admit(self.view, self.origin, token.stream)
+        sealed::Lent::admit(self.view, self.origin, token)
     }
     fn check_reach(&self, device: Device) -> Result<(), Error> {
         reachable(&self.view, device)
@@ -608,13 +616,19 @@ impl<'scope, T: Pod> Rewritable<'scope, T> {
 impl<T: Pod> sealed::Write for &mut Rewritable<'_, T> {}
 impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
     fn lend_mut(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        if token.capture {
+            return Err(Error::StreamRefused {
+                why: "a rewritable view is not captured into a graph: each replay would write it \
+                      again, on whichever stream replays it, unordered after its other writes",
+            });
+        }
         if self.stream.is_some_and(|s| s != token.stream) {
             return Err(Error::StreamRefused {
                 why: "memory written on one stream is written again on another only behind an event \
                       (`Rewritable::hand_over`)",
             });
         }
-        let lent = sealed::Lent::admit(self.view, self.origin, token.stream)?;
+        let lent = sealed::Lent::admit(self.view, self.origin, token)?;
         self.stream = Some(token.stream);
         Ok(lent)
     }

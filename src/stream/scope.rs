@@ -1,7 +1,6 @@
 //! [`scope`] and the [`ScopedStream`]s it hands out: the queued operations, which borrow what they
 //! use until the scope has waited for them.
 
-use core::ffi::c_void;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::Deref;
@@ -10,7 +9,7 @@ use std::sync::{Mutex, PoisonError};
 
 use bytemuck::Pod;
 
-use crate::error::{Error, Result, check, first_error};
+use crate::error::{Error, Result, first_error};
 use crate::module::Function;
 use crate::sys;
 #[cfg(doc)]
@@ -22,11 +21,12 @@ use super::Stream;
 use super::event::Event;
 use super::launch::KernelArgs;
 use super::lend::{
-    DeviceInFlight, HostInFlight, HostSource, Registry, Rewritable, ScopedRead, ScopedWrite, lend,
-    lend_mut, reachable, sealed,
+    DeviceInFlight, HostInFlight, HostSource, Registry, Rewritable, ScopedRead, ScopedWrite,
+    lend_mut, sealed,
 };
 #[cfg(doc)]
 use super::pinned::PinnedBuffer;
+use super::queue::{self, Queue};
 
 /// `cuStreamSynchronize` on every stream of a scope — run stream-ordered work that borrows views,
 /// host memory and kernels for the rest of the scope, and wait for all of it before returning.
@@ -335,11 +335,19 @@ impl Deref for ScopedStream<'_> {
     }
 }
 
-fn check_len(expected: usize, found: usize) -> Result<(), Error> {
-    if expected == found {
-        Ok(())
-    } else {
-        Err(Error::LengthMismatch { expected, found })
+impl<'scope> Queue<'scope> for ScopedStream<'scope> {
+    fn stream(&self) -> &Stream {
+        self.stream
+    }
+
+    fn token(&self) -> sealed::Token {
+        sealed::Token::new(self.stream.raw, false)
+    }
+
+    /// The stream's context bound, and the stream not capturing: a graph could run the work after
+    /// the scope.
+    fn admit(&self) -> Result<(), Error> {
+        self.stream.admit_work()
     }
 }
 
@@ -356,7 +364,7 @@ impl<'scope> ScopedStream<'scope> {
         &self,
         view: impl ScopedWrite<'scope, T>,
     ) -> Result<Rewritable<'scope, T>, Error> {
-        let (view, origin, _) = lend_mut(view, self.stream.raw)?.into_parts();
+        let (view, origin, _) = lend_mut(view, self.token())?.into_parts();
         Ok(Rewritable {
             view,
             origin,
@@ -384,28 +392,7 @@ impl<'scope> ScopedStream<'scope> {
         dst: impl ScopedWrite<'scope, T>,
         src: impl HostSource<'scope, T>,
     ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        let lent = lend_mut(dst, self.stream.raw)?;
-        let dst = lent.view;
-        let (src, len) = src.host_parts();
-        check_len(dst.len(), len)?;
-        reachable(&dst, self.device())?;
-        self.stream.admit_work()?;
-        if len > 0 {
-            // SAFETY: `dst` is `len` values of device memory reachable from the stream's device
-            // (checked above), lent exclusively to this copy for `'scope` (a writable view, given up);
-            // `src` is `len` readable values of host memory borrowed shared for `'scope`, which nothing
-            // writes meanwhile. The stream's context is current (`admit_work`). The scope waits for
-            // this stream before `'scope` ends.
-            check(unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
-                    dst.as_raw_ptr(),
-                    src.cast::<c_void>(),
-                    len * size_of::<T>(),
-                    self.stream.raw,
-                )
-            })?;
-        }
-        Ok(lent.written())
+        queue::copy_from_host(self, dst, src)
     }
 
     /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
@@ -425,33 +412,7 @@ impl<'scope> ScopedStream<'scope> {
         dst: &'scope mut [T],
         src: impl ScopedRead<'scope, T>,
     ) -> Result<HostInFlight<'scope, T>, Error> {
-        let lent = lend(src, self.stream.raw)?;
-        let src = lent.view;
-        check_len(dst.len(), src.len())?;
-        reachable(&src, self.device())?;
-        self.stream.admit_work()?;
-        let written = HostInFlight {
-            ptr: dst.as_mut_ptr(),
-            len: dst.len(),
-            _host: PhantomData,
-        };
-        if written.len > 0 {
-            // SAFETY: `written.ptr` is `len` writable values of host memory, borrowed mutably for
-            // `'scope` (so nothing else reads or writes it, and `HostInFlight` gives the host no access
-            // to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
-            // reachable from the stream's device (checked above), lent for `'scope`. The stream's
-            // context is current (`admit_work`). The scope waits for this stream before `'scope`
-            // ends.
-            check(unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
-                    written.ptr.cast::<c_void>(),
-                    src.as_raw_ptr(),
-                    written.len * size_of::<T>(),
-                    self.stream.raw,
-                )
-            })?;
-        }
-        Ok(written)
+        queue::copy_to_host(self, dst, src)
     }
 
     /// `cuMemcpyDtoDAsync` — queue a copy of `src` into `dst` (the same length), which may belong to
@@ -472,28 +433,7 @@ impl<'scope> ScopedStream<'scope> {
         dst: impl ScopedWrite<'scope, T>,
         src: impl ScopedRead<'scope, T>,
     ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        let (written, read) = (lend_mut(dst, self.stream.raw)?, lend(src, self.stream.raw)?);
-        let (dst, src) = (written.view, read.view);
-        check_len(dst.len(), src.len())?;
-        reachable(&dst, self.device())?;
-        reachable(&src, self.device())?;
-        self.stream.admit_work()?;
-        if !dst.is_empty() {
-            // SAFETY: both ranges are `len` values of device memory reachable from the stream's device
-            // (checked above), whose context is current (`admit_work`); `dst` is lent exclusively for
-            // `'scope`, `src` shared. Their virtual ranges cannot overlap (one exclusive, one shared);
-            // through aliases the physical memory may, which leaves unspecified bytes in device memory
-            // but touches no Rust memory. The scope waits for this stream before `'scope` ends.
-            check(unsafe {
-                sys::cuMemcpyDtoDAsync_v2(
-                    dst.as_raw_ptr(),
-                    src.as_raw_ptr(),
-                    dst.len() * size_of::<T>(),
-                    self.stream.raw,
-                )
-            })?;
-        }
-        Ok(written.written())
+        queue::copy_from_device(self, dst, src)
     }
 
     /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
@@ -509,24 +449,7 @@ impl<'scope> ScopedStream<'scope> {
         dst: impl ScopedWrite<'scope, T>,
         byte: u8,
     ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        let lent = lend_mut(dst, self.stream.raw)?;
-        let dst = lent.view;
-        reachable(&dst, self.device())?;
-        self.stream.admit_work()?;
-        if !dst.is_empty() {
-            // SAFETY: `dst` is device memory reachable from the stream's device (checked above), whose
-            // context is current (`admit_work`), lent exclusively for `'scope`. The scope waits for this
-            // stream before `'scope` ends.
-            check(unsafe {
-                sys::cuMemsetD8Async(
-                    dst.as_raw_ptr(),
-                    byte,
-                    dst.len() * size_of::<T>(),
-                    self.stream.raw,
-                )
-            })?;
-        }
-        Ok(lent.written())
+        queue::memset(self, dst, byte)
     }
 
     /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
@@ -559,49 +482,8 @@ impl<'scope> ScopedStream<'scope> {
         block: (u32, u32, u32),
         args: A,
     ) -> Result<A::Output, Error> {
-        if [grid.0, grid.1, grid.2, block.0, block.1, block.2].contains(&0) {
-            return Err(Error::ZeroSize {
-                what: "kernel grid or block",
-            });
-        }
-        let device = self.device();
-        if function.device() != device {
-            return Err(Error::DeviceMismatch {
-                expected: device.as_raw(),
-                found: function.device().as_raw(),
-            });
-        }
-        args.check(device)?;
-        self.stream.admit_work()?;
-        args.launch_with(sealed::Token::new(self.stream.raw), |params| {
-            let params = if params.is_empty() {
-                ptr::null_mut()
-            } else {
-                params.as_mut_ptr()
-            };
-            // SAFETY: `function` is a kernel of a loaded module of the stream's device (checked
-            // above; the module stays loaded, borrowed for `'scope`), whose context is current
-            // (`admit_work`, and `launch_with` makes no driver call). `params` points at one live value per argument, which the driver copies
-            // before returning. The caller guarantees that they match the kernel's parameters and
-            // that the kernel uses only the memory of the views (`# Safety`); every view is
-            // reachable from this device (checked above) and lent for `'scope`, writable ones
-            // exclusively. The scope waits for this stream before `'scope` ends.
-            Ok(check(unsafe {
-                sys::cuLaunchKernel(
-                    function.raw(),
-                    grid.0,
-                    grid.1,
-                    grid.2,
-                    block.0,
-                    block.1,
-                    block.2,
-                    0,
-                    self.stream.raw,
-                    params,
-                    ptr::null_mut(),
-                )
-            })?)
-        })
+        // SAFETY: the caller keeps this function's contract (`# Safety`), which is the queue's.
+        unsafe { queue::launch(self, function, grid, block, args) }
     }
 }
 

@@ -386,7 +386,7 @@ impl<T: Pod> BufferRead<'_, T> {
 impl<T: Pod> sealed::Read for BufferRead<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for BufferRead<'scope, T> {
     fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
-        sealed::Lent::admit(self.view, Some(self.origin), token.stream)
+        sealed::Lent::admit(self.view, Some(self.origin), token)
     }
     fn check_reach(&self, device: Device) -> Result<(), Error> {
         reachable(&self.view, device)

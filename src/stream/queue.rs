@@ -1,0 +1,219 @@
+//! The queued operations, written once for every queue that takes them: a scope's stream
+//! ([`ScopedStream`]) and a graph capture ([`Capture`](super::graph::Capture)).
+
+use core::ffi::c_void;
+use core::marker::PhantomData;
+use core::ptr;
+
+use bytemuck::Pod;
+
+use crate::error::{Error, check};
+use crate::module::Function;
+use crate::sys;
+
+use super::Stream;
+use super::launch::KernelArgs;
+use super::lend::{
+    DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite, lend, lend_mut, reachable,
+    sealed,
+};
+#[cfg(doc)]
+use super::scope::ScopedStream;
+
+/// Where queued work goes. Private to the crate: the soundness of every operation below rests on its
+/// contract, which each implementation keeps.
+///
+/// # Contract
+/// Work queued through a queue of `'a` is over before `'a` ends: a scope's stream is waited for
+/// before its scope returns, and a capture records the work into a graph that borrows everything it
+/// was given for `'a`, and is replayed only on scoped streams, each replay waited for in its turn.
+pub(super) trait Queue<'a> {
+    /// The stream the work goes to.
+    fn stream(&self) -> &Stream;
+    /// The token the views lent to the work get: the stream, and whether it is capturing.
+    fn token(&self) -> sealed::Token;
+    /// Binds the stream's context and checks that the stream takes the work now.
+    fn admit(&self) -> Result<(), Error>;
+}
+
+fn check_len(expected: usize, found: usize) -> Result<(), Error> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch { expected, found })
+    }
+}
+
+/// The body of [`ScopedStream::copy_from_host`], for any queue.
+pub(super) fn copy_from_host<'a, T: Pod>(
+    q: &impl Queue<'a>,
+    dst: impl ScopedWrite<'a, T>,
+    src: impl HostSource<'a, T>,
+) -> Result<DeviceInFlight<'a, T>, Error> {
+    let lent = lend_mut(dst, q.token())?;
+    let dst = lent.view;
+    let (src, len) = src.host_parts();
+    check_len(dst.len(), len)?;
+    reachable(&dst, q.stream().device())?;
+    q.admit()?;
+    if len > 0 {
+        // SAFETY: `dst` is `len` values of device memory reachable from the stream's device
+        // (checked above), lent exclusively to this copy for `'a` (a writable view, given up);
+        // `src` is `len` readable values of host memory borrowed shared for `'a`, which nothing
+        // writes meanwhile. The stream's context is current (`Queue::admit`). The work is over before
+        // `'a` ends (the contract of `Queue`).
+        check(unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.as_raw_ptr(),
+                src.cast::<c_void>(),
+                len * size_of::<T>(),
+                q.stream().raw,
+            )
+        })?;
+    }
+    Ok(lent.written())
+}
+
+/// The body of [`ScopedStream::copy_to_host`], for any queue.
+pub(super) fn copy_to_host<'a, T: Pod>(
+    q: &impl Queue<'a>,
+    dst: &'a mut [T],
+    src: impl ScopedRead<'a, T>,
+) -> Result<HostInFlight<'a, T>, Error> {
+    let lent = lend(src, q.token())?;
+    let src = lent.view;
+    check_len(dst.len(), src.len())?;
+    reachable(&src, q.stream().device())?;
+    q.admit()?;
+    let written = HostInFlight {
+        ptr: dst.as_mut_ptr(),
+        len: dst.len(),
+        _host: PhantomData,
+    };
+    if written.len > 0 {
+        // SAFETY: `written.ptr` is `len` writable values of host memory, borrowed mutably for
+        // `'a` (so nothing else reads or writes it, and `HostInFlight` gives the host no access
+        // to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
+        // reachable from the stream's device (checked above), lent for `'a`. The stream's
+        // context is current (`Queue::admit`). The work is over before `'a` ends (the
+        // contract of `Queue`).
+        check(unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                written.ptr.cast::<c_void>(),
+                src.as_raw_ptr(),
+                written.len * size_of::<T>(),
+                q.stream().raw,
+            )
+        })?;
+    }
+    Ok(written)
+}
+
+/// The body of [`ScopedStream::copy_from_device`], for any queue.
+pub(super) fn copy_from_device<'a, T: Pod>(
+    q: &impl Queue<'a>,
+    dst: impl ScopedWrite<'a, T>,
+    src: impl ScopedRead<'a, T>,
+) -> Result<DeviceInFlight<'a, T>, Error> {
+    let (written, read) = (lend_mut(dst, q.token())?, lend(src, q.token())?);
+    let (dst, src) = (written.view, read.view);
+    check_len(dst.len(), src.len())?;
+    reachable(&dst, q.stream().device())?;
+    reachable(&src, q.stream().device())?;
+    q.admit()?;
+    if !dst.is_empty() {
+        // SAFETY: both ranges are `len` values of device memory reachable from the stream's device
+        // (checked above), whose context is current (`Queue::admit`); `dst` is lent exclusively for
+        // `'a`, `src` shared. Their virtual ranges cannot overlap (one exclusive, one shared);
+        // through aliases the physical memory may, which leaves unspecified bytes in device memory
+        // but touches no Rust memory. The work is over before `'a` ends (the contract of `Queue`).
+        check(unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                dst.as_raw_ptr(),
+                src.as_raw_ptr(),
+                dst.len() * size_of::<T>(),
+                q.stream().raw,
+            )
+        })?;
+    }
+    Ok(written.written())
+}
+
+/// The body of [`ScopedStream::memset`], for any queue.
+pub(super) fn memset<'a, T: Pod>(
+    q: &impl Queue<'a>,
+    dst: impl ScopedWrite<'a, T>,
+    byte: u8,
+) -> Result<DeviceInFlight<'a, T>, Error> {
+    let lent = lend_mut(dst, q.token())?;
+    let dst = lent.view;
+    reachable(&dst, q.stream().device())?;
+    q.admit()?;
+    if !dst.is_empty() {
+        // SAFETY: `dst` is device memory reachable from the stream's device (checked above), whose
+        // context is current (`Queue::admit`), lent exclusively for `'a`. The work is over before `'a`
+        // ends (the contract of `Queue`).
+        check(unsafe {
+            sys::cuMemsetD8Async(
+                dst.as_raw_ptr(),
+                byte,
+                dst.len() * size_of::<T>(),
+                q.stream().raw,
+            )
+        })?;
+    }
+    Ok(lent.written())
+}
+
+/// The body of [`ScopedStream::launch`], for any queue.
+pub(super) unsafe fn launch<'a, A: KernelArgs<'a>>(
+    q: &impl Queue<'a>,
+    function: &'a Function<'_>,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    args: A,
+) -> Result<A::Output, Error> {
+    if [grid.0, grid.1, grid.2, block.0, block.1, block.2].contains(&0) {
+        return Err(Error::ZeroSize {
+            what: "kernel grid or block",
+        });
+    }
+    let device = q.stream().device();
+    if function.device() != device {
+        return Err(Error::DeviceMismatch {
+            expected: device.as_raw(),
+            found: function.device().as_raw(),
+        });
+    }
+    args.check(device)?;
+    q.admit()?;
+    args.launch_with(q.token(), |params| {
+        let params = if params.is_empty() {
+            ptr::null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: `function` is a kernel of a loaded module of the stream's device (checked
+        // above; the module stays loaded, borrowed for `'a`), whose context is current
+        // (`Queue::admit`, and `launch_with` makes no driver call). `params` points at one live value per argument, which the driver copies
+        // before returning. The caller guarantees that they match the kernel's parameters and
+        // that the kernel uses only the memory of the views (`# Safety`); every view is
+        // reachable from this device (checked above) and lent for `'a`, writable ones
+        // exclusively. The work is over before `'a` ends (the contract of `Queue`).
+        Ok(check(unsafe {
+            sys::cuLaunchKernel(
+                function.raw(),
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                0,
+                q.stream().raw,
+                params,
+                ptr::null_mut(),
+            )
+        })?)
+    })
+}

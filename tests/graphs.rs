@@ -1,0 +1,444 @@
+//! Graphs against a real driver: a replay gives what the same work queued op by op gives; 10 000
+//! replays count 10 000 and leak nothing, nor do 1 000 captures; a replay after a growth of other
+//! pages of the buffer it reads; kernel arguments changed between scopes; what a capture refuses;
+//! and a capture that neither refuses nor is invalidated by another thread's waits. Every test skips
+//! visibly without a GPU. The tests take one lock, since some measure free memory.
+
+mod common;
+
+use std::ffi::CString;
+use std::sync::{Barrier, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use common::{add_one_ptx, gpu_or_skip, pattern};
+use cuda_vmm::stream::Graph;
+use cuda_vmm::{
+    Context, DeviceBuffer, Error, Granularity, Module, PinnedBuffer, ReadWrite, Stream,
+    VirtualBuffer, allocation_granularity,
+};
+
+/// `count(u32 *counter)`: one thread adds one to `*counter`, atomically.
+const COUNT_PTX: &str = r"
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry count(.param .u64 param_counter)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [param_counter];
+    cvta.to.global.u64 %rd2, %rd1;
+    atom.global.add.u32 %r1, [%rd2], 1;
+    ret;
+}
+";
+const SPIN_PTX: &str = include_str!("../examples/kernels/spin_add_one.ptx");
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn load(ctx: &Context, ptx: &str) -> Module {
+    Module::load_ptx(ctx, &CString::new(ptx).unwrap()).unwrap()
+}
+
+fn free_memory(ctx: &Context) -> usize {
+    ctx.memory_info().unwrap().0
+}
+
+fn blocks(n: usize) -> (u32, u32, u32) {
+    (u32::try_from(n.div_ceil(256)).unwrap(), 1, 1)
+}
+
+/// Upload, kernel, device copy and memset, captured and replayed, against the same operations queued
+/// in a scope on other buffers: the bytes are equal, and are what the operations compute.
+#[test]
+fn a_replay_gives_what_queued_work_gives() {
+    let _serial = serial();
+    let Some((_, ctx)) = gpu_or_skip("a_replay_gives_what_queued_work_gives") else {
+        return;
+    };
+    let n = 1 << 16;
+    let module = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
+    let add_one = module.function(c"add_one").unwrap();
+    let data = pattern(n, 17);
+    let input = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let n32 = u32::try_from(n).unwrap();
+    let run = |graph: bool| -> [Vec<u32>; 4] {
+        let mut uploaded = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+        let mut added = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+        let mut copied = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+        let mut set = DeviceBuffer::<u32>::from_host(&ctx, &data).unwrap();
+        {
+            let (mut xs, mut ys) = (uploaded.as_mut_slice(), added.as_mut_slice());
+            let (mut ws, mut ms) = (copied.as_mut_slice(), set.as_mut_slice());
+            if graph {
+                let g = Graph::capture(&stream, |c| {
+                    let up = c.copy_from_host(&mut xs, &input)?;
+                    // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
+                    let ((sum, (), ()), _node) =
+                        unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut ys, up, n32))? };
+                    c.copy_from_device(&mut ws, sum)?;
+                    c.memset(&mut ms, 0xab)?;
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!(g.kernels(), 1);
+                cuda_vmm::scope(|s| s.on(&stream).launch_graph(&g)).unwrap();
+            } else {
+                cuda_vmm::scope(|s| {
+                    let q = s.on(&stream);
+                    let up = q.copy_from_host(&mut xs, &input)?;
+                    // SAFETY: as above.
+                    let (sum, (), ()) =
+                        unsafe { q.launch(&add_one, blocks(n), (256, 1, 1), (&mut ys, up, n32))? };
+                    q.copy_from_device(&mut ws, sum)?;
+                    q.memset(&mut ms, 0xab)?;
+                    Ok(())
+                })
+                .unwrap();
+            }
+        }
+        [uploaded, added, copied, set].map(|b| b.as_slice().to_vec().unwrap())
+    };
+    let replayed = run(true);
+    let queued = run(false);
+    assert_eq!(replayed, queued, "a replay and the queued work differ");
+    let plus: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
+    assert_eq!(replayed[0], data);
+    assert_eq!(replayed[1], plus);
+    assert_eq!(replayed[2], plus);
+    assert!(replayed[3].iter().all(|&v| v == 0xabab_abab));
+}
+
+/// Ten thousand replays of a graph that counts, in a hundred scopes: the counter reads 10 000. A
+/// thousand captures and drops, and the replays, leave free memory where it was.
+#[test]
+fn ten_thousand_replays_count_and_leak_nothing() {
+    let _serial = serial();
+    let Some((_, ctx)) = gpu_or_skip("ten_thousand_replays_count_and_leak_nothing") else {
+        return;
+    };
+    let module = load(&ctx, COUNT_PTX);
+    let count = module.function(c"count").unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let mut counter = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
+    let cycle = |counter: &mut DeviceBuffer<u32>| {
+        let mut view = counter.as_mut_slice();
+        let graph = Graph::capture(&stream, |c| {
+            // SAFETY: count(u32*), one value.
+            unsafe { c.launch(&count, (1, 1, 1), (1, 1, 1), (&mut view,))? };
+            Ok(())
+        })
+        .unwrap();
+        drop(graph);
+    };
+    cycle(&mut counter); // warm-up
+    let free_before = free_memory(&ctx);
+    for _ in 0..1000 {
+        cycle(&mut counter);
+    }
+    {
+        let mut view = counter.as_mut_slice();
+        let graph = Graph::capture(&stream, |c| {
+            // SAFETY: as above.
+            unsafe { c.launch(&count, (1, 1, 1), (1, 1, 1), (&mut view,))? };
+            Ok(())
+        })
+        .unwrap();
+        for _ in 0..100 {
+            cuda_vmm::scope(|s| {
+                let q = s.on(&stream);
+                for _ in 0..100 {
+                    q.launch_graph(&graph)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+    assert_eq!(
+        counter.as_slice().to_vec().unwrap(),
+        vec![10_000],
+        "replays counted"
+    );
+    let free_after = free_memory(&ctx);
+    println!("1000 captures, 10000 replays: free before {free_before}, after {free_after}");
+    assert_eq!(
+        free_after,
+        free_before,
+        "leaked {} bytes",
+        free_before.abs_diff(free_after)
+    );
+}
+
+/// A graph reads the first page of a `VirtualBuffer`; 63 pages are mapped after it while the graph
+/// lives (`grow` takes `&self`), and the replay after them reads the same bytes: no captured address
+/// moved. The new pages are readable meanwhile.
+#[test]
+fn a_replay_after_growth_of_other_pages() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("a_replay_after_growth_of_other_pages") else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let mut buffer = VirtualBuffer::new(64 * g, &[device], ReadWrite).unwrap();
+    buffer.grow(device, g).unwrap();
+    let data = pattern(g / 4, 3);
+    buffer
+        .slice_bytes_mut::<u32>(..g)
+        .unwrap()
+        .copy_from_host(&data)
+        .unwrap();
+    let mut out = DeviceBuffer::<u32>::zeroed(&ctx, g / 4).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    {
+        let mut out_view = out.as_mut_slice();
+        let first = buffer.slice_bytes::<u32>(..g).unwrap();
+        let graph = Graph::capture(&stream, |c| {
+            c.copy_from_device(&mut out_view, first).map(drop)
+        })
+        .unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        let base = buffer.base();
+        for _ in 1..64 {
+            buffer.grow(device, g).unwrap();
+        }
+        assert_eq!(buffer.base(), base);
+        assert_eq!(buffer.pages().len(), 64);
+        let last = buffer
+            .slice_bytes::<u32>(63 * g..)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(last.len(), g / 4);
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        drop(graph);
+    }
+    assert_eq!(out.as_slice().to_vec().unwrap(), data);
+    buffer.free().unwrap();
+}
+
+/// One graph serves every step: its kernel's arguments change between scopes, and each replay writes
+/// where its arguments say. A node of another graph is refused.
+#[test]
+fn kernel_arguments_change_between_scopes() {
+    let _serial = serial();
+    let Some((_, ctx)) = gpu_or_skip("kernel_arguments_change_between_scopes") else {
+        return;
+    };
+    let n = 4096;
+    let module = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
+    let add_one = module.function(c"add_one").unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let (one, two) = (pattern(n, 1), pattern(n, 2));
+    let src_one = DeviceBuffer::from_host(&ctx, &one).unwrap();
+    let src_two = DeviceBuffer::from_host(&ctx, &two).unwrap();
+    let mut a = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut b = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut other = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let n32 = u32::try_from(n).unwrap();
+    {
+        let (mut av, mut bv, mut ov) = (a.as_mut_slice(), b.as_mut_slice(), other.as_mut_slice());
+        let (s1, s2) = (src_one.as_slice(), src_two.as_slice());
+        let mut node = None;
+        let mut graph = Graph::capture(&stream, |c| {
+            // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
+            node =
+                Some(unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut av, s1, n32))? }.1);
+            Ok(())
+        })
+        .unwrap();
+        let node = node.unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        // SAFETY: the same kernel's parameters, `n` values of each view.
+        unsafe { graph.set_kernel_args(node, (&mut bv, s2, n32)) }.unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+
+        let mut other_node = None;
+        let stranger = Graph::capture(&stream, |c| {
+            // SAFETY: as above.
+            other_node =
+                Some(unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut ov, s1, n32))? }.1);
+            Ok(())
+        })
+        .unwrap();
+        // SAFETY: refused before any driver call (a node of another graph).
+        let refused = unsafe { graph.set_kernel_args(other_node.unwrap(), (7u32, 8u32, 9u32)) };
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "{refused:?}"
+        );
+        drop((graph, stranger));
+    }
+    let plus = |v: &[u32]| v.iter().map(|x| x.wrapping_add(1)).collect::<Vec<_>>();
+    assert_eq!(
+        a.as_slice().to_vec().unwrap(),
+        plus(&one),
+        "the first replay"
+    );
+    assert_eq!(
+        b.as_slice().to_vec().unwrap(),
+        plus(&two),
+        "the replay with new arguments"
+    );
+}
+
+/// A capture refuses memory that can leave while a scope lasts (a scoped buffer's views, a
+/// rewritable slot) before any call; the refusal ends the capture, and the stream works normally
+/// after it.
+#[test]
+fn a_capture_refuses_what_can_leave_its_scope() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("a_capture_refuses_what_can_leave_its_scope") else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+    let (work, capturing) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut plain = DeviceBuffer::<u32>::zeroed(&ctx, 256).unwrap();
+    let mut plain_view = plain.as_mut_slice();
+    cuda_vmm::scope(|s| {
+        let w = s.on(&work);
+        let kv = cache.in_scope(s);
+        let mut slot = kv.write::<u32>(0..1024)?;
+        let read = kv.read::<u32>(1024..2048)?;
+        let mut ring = w.rewritable(&mut plain_view)?;
+        let refused = Graph::capture(&capturing, |c| c.memset(&mut slot, 0).map(drop));
+        assert!(
+            matches!(refused, Err(Error::StreamRefused { .. })),
+            "a scoped buffer's slot: {refused:?}"
+        );
+        let refused = Graph::capture(&capturing, |c| c.memset(&mut ring, 0).map(drop));
+        assert!(
+            matches!(refused, Err(Error::StreamRefused { .. })),
+            "a rewritable: {refused:?}"
+        );
+        let mut other = DeviceBuffer::<u32>::zeroed(&ctx, 256)?;
+        let mut other_view = other.as_mut_slice();
+        let refused = Graph::capture(&capturing, |c| {
+            c.copy_from_device(&mut other_view, read).map(drop)
+        });
+        assert!(
+            matches!(refused, Err(Error::StreamRefused { .. })),
+            "a scoped buffer's read: {refused:?}"
+        );
+        w.memset(&mut slot, 1)?; // still lent, and not disturbed
+        Ok(())
+    })
+    .unwrap();
+    // The stream whose captures were refused works normally.
+    let mut check = DeviceBuffer::<u32>::zeroed(&ctx, 256).unwrap();
+    let mut check_view = check.as_mut_slice();
+    cuda_vmm::scope(|s| s.on(&capturing).memset(&mut check_view, 0x01).map(drop)).unwrap();
+    assert!(
+        check
+            .as_slice()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0x0101_0101)
+    );
+    cache.free().unwrap();
+}
+
+/// While this thread captures (and waits inside its closure), another thread runs a scope whose
+/// kernel takes 200 ms: its wait neither fails nor ends early (its results are right), and the
+/// capture is not invalidated (its graph replays). A wait of the capturing thread itself on another
+/// stream holds too.
+#[test]
+fn a_capture_and_another_threads_waits_hold_each_other() {
+    let _serial = serial();
+    let Some((_, ctx)) = gpu_or_skip("a_capture_and_another_threads_waits_hold_each_other") else {
+        return;
+    };
+    let n = 1 << 14;
+    let spin = load(&ctx, SPIN_PTX);
+    let kernel = spin.function(c"spin_add_one").unwrap();
+    let add = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
+    let add_one = add.function(c"add_one").unwrap();
+    let data = pattern(n, 5);
+    let input = DeviceBuffer::from_host(&ctx, &data).unwrap();
+    let (mut out_thread, mut out_graph) = (
+        DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap(),
+        DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap(),
+    );
+    let mut side = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let (capturing, other, own) = (
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+    );
+    let n32 = u32::try_from(n).unwrap();
+    let meet = Barrier::new(2);
+    {
+        let (src, mut thread_view, mut graph_view, mut side_view) = (
+            input.as_slice(),
+            out_thread.as_mut_slice(),
+            out_graph.as_mut_slice(),
+            side.as_mut_slice(),
+        );
+        let graph = thread::scope(|t| {
+            let waiter = t.spawn(|| {
+                meet.wait(); // the capture is under way
+                cuda_vmm::scope(|s| {
+                    // SAFETY: spin_add_one(u32*, const u32*, u32, u64), `n` values of each.
+                    unsafe {
+                        s.on(&other).launch(
+                            &kernel,
+                            (64, 1, 1),
+                            (256, 1, 1),
+                            (&mut thread_view, src, n32, 200_000_000u64),
+                        )?
+                    };
+                    Ok(())
+                })
+            });
+            let graph = Graph::capture(&capturing, |c| {
+                meet.wait();
+                // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
+                unsafe {
+                    c.launch(
+                        &add_one,
+                        blocks(n),
+                        (256, 1, 1),
+                        (&mut graph_view, src, n32),
+                    )?
+                };
+                // This thread's own wait, on a stream that is not capturing.
+                cuda_vmm::scope(|s| s.on(&own).memset(&mut side_view, 0x02).map(drop))?;
+                thread::sleep(Duration::from_millis(300)); // the other thread waits meanwhile
+                Ok(())
+            });
+            let outcome = waiter.join().expect("the waiting thread panicked");
+            assert!(outcome.is_ok(), "the other thread's scope: {outcome:?}");
+            graph
+        })
+        .expect("the capture was invalidated or refused");
+        cuda_vmm::scope(|s| s.on(&capturing).launch_graph(&graph)).unwrap();
+    }
+    let plus: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
+    assert_eq!(
+        out_thread.as_slice().to_vec().unwrap(),
+        plus,
+        "the other thread's kernel"
+    );
+    assert_eq!(
+        out_graph.as_slice().to_vec().unwrap(),
+        plus,
+        "the graph's kernel"
+    );
+    assert!(
+        side.as_slice()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0x0202_0202)
+    );
+}
