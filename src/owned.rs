@@ -8,9 +8,15 @@
 //! holds a descriptor beside `BorrowedFd<'fd>`:
 //!
 //! - [`VirtualBuffer`] owns one reservation, every page (physical allocation) mapped into it, and the
-//!   contexts of its access set. Structural changes take `&mut self`, so no view survives them; views
-//!   borrow the buffer. It is `'static` and `Send`, and its `Drop` unmaps, releases and frees in the
-//!   driver's order.
+//!   contexts of its access set. Mapping a page into an unmapped range (`grow`, `map_page`,
+//!   `map_shared`) takes `&self`, since it disturbs no view; every change that could (an unmap, a
+//!   shrink, a change of the access set) takes `&mut self`, so no view survives it; views borrow the
+//!   buffer. It is `'static` and `Send`, and its `Drop` waits for its retires, then unmaps, releases
+//!   and frees in the driver's order.
+//! - [`ScopedBuffer`] is a `VirtualBuffer` lent to one [`scope`](crate::scope) for all of it: its
+//!   pages grow, are lent to queued work ([`BufferRead`], [`Rewritable`](crate::stream::Rewritable))
+//!   and retire while the work runs, released after an event on every stream of the scope, with no
+//!   host wait. Every lend of its views is checked again, so a retired page reaches no later work.
 //! - [`OwnedMapping`] owns one physical allocation mapped into a [`SharedReservation`], and a share
 //!   of that reservation (an `Arc`), so it can live in a `Vec` or a struct field. The reservation
 //!   records the mapped ranges at run time, so two owned mappings never overlap; grants and views are

@@ -1,6 +1,9 @@
 //! Stream-ordered work: [`Stream`], [`Event`], page-locked host memory ([`PinnedBuffer`]), and
 //! [`scope`], under which queued copies, memsets and kernel launches borrow what they use until the
-//! work has finished. The model, and why it is sound, are documented on [`scope`].
+//! work has finished. The model, and why it is sound, are documented on [`scope`]. A [`Rewritable`]
+//! is memory that queued work writes again and again inside one scope; a [`Graph`] is work captured
+//! once ([`Graph::capture`]) that borrows what it uses for as long as it lives, replayed in scopes
+//! ([`ScopedStream::launch_graph`]).
 
 use core::ffi::c_void;
 use core::fmt;

@@ -288,6 +288,8 @@ impl<'scope> Scope<'scope, '_> {
     /// [`Error::NoPeerAccess`] where the stream's device does not reach the view's memory
     /// ([`DeviceSlice::reachable_from`]); a driver error where the range refused views answer with
     /// cannot be reserved (once per process, at least 1 GiB of address space and no memory).
+    /// [`Error::StreamRefused`] for a view of a [`ScopedBuffer`](crate::owned::ScopedBuffer), whose
+    /// retires record their events only on its own scope's streams.
     pub fn lend<T: Pod>(
         &'scope self,
         view: impl ScopedRead<'scope, T>,

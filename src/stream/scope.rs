@@ -53,8 +53,9 @@ use super::queue::{self, Queue};
 /// queued work may still be writing: a `DeviceInFlight` has no host read, is no source of the
 /// synchronous copies (which run on the legacy default stream, which does not wait for the
 /// scope's streams), and does not become a [`DeviceSlice`]. The host reads the results after
-/// `scope` has returned, through the views and buffers it lent. To write the same memory again,
-/// split the view first ([`DeviceSliceMut::split_at_mut`]) or use another scope.
+/// `scope` has returned, through the views and buffers it lent. To write the same memory again in
+/// the scope, lend it as a [`Rewritable`] ([`ScopedStream::rewritable`]), whose writes are ordered
+/// on its stream.
 ///
 /// # Why it is sound, also under `mem::forget`
 /// The wait is in no value the caller holds. `scope` runs `f`, then waits for every stream
