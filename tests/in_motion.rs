@@ -594,3 +594,73 @@ fn rounds_with_faults_leak_nothing() {
         free_before.abs_diff(free_after)
     );
 }
+
+/// Lends of two views of one buffer in one operation (a copy between two of its ranges) race retires
+/// of other pages on other threads: a retire waits for the lends admitted before it without holding
+/// the page table's lock, so neither side waits for the other forever. A watchdog ends the process
+/// if the threads have not finished in a minute.
+#[test]
+fn two_view_lends_race_retires_without_deadlock() {
+    const COPIERS: usize = 4;
+    const RETIRERS: usize = 4;
+    const ROUNDS: usize = 300;
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("two_view_lends_race_retires_without_deadlock") else {
+        return;
+    };
+    let g = granularity(device);
+    let chunk = 4096;
+    let mut cache = VirtualBuffer::new((1 + RETIRERS * ROUNDS) * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+    let streams: Vec<Stream> = (0..COPIERS + RETIRERS)
+        .map(|_| Stream::new(&ctx).unwrap())
+        .collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = std::sync::Arc::clone(&done);
+        thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if start.elapsed() > Duration::from_mins(1) {
+                    eprintln!("two_view_lends_race_retires_without_deadlock: no progress in 60 s");
+                    std::process::exit(3);
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    cuda_vmm::scope(|s| {
+        let kv = cache.in_scope(s);
+        let source = kv.read::<u32>(0..chunk)?;
+        thread::scope(|t| {
+            let mut workers = Vec::new();
+            for (i, stream) in streams.iter().enumerate() {
+                workers.push(t.spawn(move || -> Result<(), Error> {
+                    let on = s.on(stream);
+                    if i < COPIERS {
+                        let at = (i + 1) * chunk;
+                        let mut target = kv.write::<u32>(at..at + chunk)?;
+                        for _ in 0..ROUNDS {
+                            on.copy_from_device(&mut target, source)?;
+                        }
+                    } else {
+                        for _ in 0..ROUNDS {
+                            let at = kv.grow(device, g)?;
+                            on.memset(&mut kv.write::<u8>(at..at + 64)?, 1)?;
+                            assert_eq!(kv.retire(at..at + g)?, 1);
+                        }
+                    }
+                    Ok(())
+                }));
+            }
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().expect("a worker panicked"))
+        })
+    })
+    .unwrap();
+    done.store(true, std::sync::atomic::Ordering::Release);
+    watchdog.join().unwrap();
+    assert_eq!(cache.stats().pages_retired as usize, RETIRERS * ROUNDS);
+    cache.free().unwrap();
+}

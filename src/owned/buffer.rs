@@ -175,6 +175,9 @@ struct Table {
     spare_events: Vec<Event>,
     /// The ranges a [`ScopedBuffer`](super::ScopedBuffer) lent, cleared when the next one is made.
     claims: Claims,
+    /// Turned by each retire; its parity is the slot of `VirtualBuffer::lending` that admissions
+    /// count in.
+    generation: usize,
 }
 
 /// One retire: its pages (by offset) and an event recorded after the work it waits for, on each
@@ -250,9 +253,13 @@ pub struct VirtualBuffer<M: AccessMode = ReadWrite> {
     /// retire, a scoped buffer's view) and for each view, for the length of the check.
     table: Mutex<Table>,
     /// Lends of a [`ScopedBuffer`](super::ScopedBuffer)'s views in progress: admitted (under the
-    /// lock), their work not queued yet. A retire waits for none to be left before it records its
-    /// events, so that they come after that work.
-    lending: AtomicUsize,
+    /// lock), their work not queued yet, counted in the slot of [`Table::generation`]'s parity at
+    /// their admission. A retire turns the generation, lets go of the lock, and waits for the slot
+    /// of the old one to empty before it records its events, so that they come after that work;
+    /// lends admitted meanwhile count in the other slot (and cannot reach the retired pages).
+    lending: [AtomicUsize; 2],
+    /// Held for the whole of a retire, so that two never wait on the same slot of `lending`.
+    retires: Mutex<()>,
     /// Never empty; one context per device. Granted on every page whose `granted` is true.
     access: Vec<Context>,
     /// The mode of the kept grants, at the type level only. `M` is a zero-sized, `Copy`, `Send`,
@@ -307,7 +314,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
             budget,
             reservation: Some(reservation),
             table: Mutex::new(Table::default()),
-            lending: AtomicUsize::new(0),
+            lending: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            retires: Mutex::new(()),
             access,
             _mode: PhantomData,
         })

@@ -243,7 +243,9 @@ pub(crate) mod sealed {
 
     /// A lend in progress, counted by [`Tracker::admit`](super::Tracker::admit): uncounted when
     /// dropped, once the operation has queued its work.
-    pub struct Counted<'scope>(pub(in crate::stream) Option<&'scope (dyn super::Tracker + 'scope)>);
+    pub struct Counted<'scope>(
+        pub(in crate::stream) Option<(&'scope (dyn super::Tracker + 'scope), usize)>,
+    );
 
     impl core::fmt::Debug for Counted<'_> {
         fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -253,8 +255,8 @@ pub(crate) mod sealed {
 
     impl Drop for Counted<'_> {
         fn drop(&mut self) {
-            if let Some(pages) = self.0 {
-                pages.done();
+            if let Some((pages, slot)) = self.0 {
+                pages.done(slot);
             }
         }
     }
@@ -273,10 +275,10 @@ pub(crate) mod sealed {
 pub(crate) trait Tracker: Sync {
     /// Whether the view `[ptr, ptr + bytes)`, made when the table was at `epoch`, may be lent now:
     /// every byte on a page that is neither retired nor mapped after the view was made. On `Ok`, a
-    /// lend in progress is counted until [`done`](Tracker::done).
-    fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<(), Error>;
-    /// The lend counted by `admit` has queued its work (or given up).
-    fn done(&self);
+    /// lend in progress is counted, in the returned slot, until [`done`](Tracker::done).
+    fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<usize, Error>;
+    /// The lend counted by `admit` in `slot` has queued its work (or given up).
+    fn done(&self, slot: usize);
 }
 
 /// The streams of a scope, which a retire records its events on.
@@ -301,7 +303,11 @@ pub(crate) struct Origin<'scope> {
 }
 
 impl Origin<'_> {
-    fn admit<T: Pod>(self, view: &DeviceSlice<'_, T>, stream: sys::CUstream) -> Result<(), Error> {
+    fn admit<T: Pod>(
+        self,
+        view: &DeviceSlice<'_, T>,
+        stream: sys::CUstream,
+    ) -> Result<usize, Error> {
         if !self.streams.registered(stream) {
             return Err(Error::StreamRefused {
                 why: "a view of a scoped buffer is lent only to work on a stream of its scope \
@@ -341,11 +347,11 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
                       is not captured into a graph, which would keep its address",
             });
         }
-        origin.admit(&view, token.stream)?;
+        let slot = origin.admit(&view, token.stream)?;
         Ok(sealed::Lent {
             view,
             origin: Some(origin),
-            counted: sealed::Counted(Some(origin.pages)),
+            counted: sealed::Counted(Some((origin.pages, slot))),
         })
     }
 

@@ -2,6 +2,7 @@
 //! released once an event recorded after the work queued before the retire has completed.
 
 use core::sync::atomic::Ordering;
+use std::sync::PoisonError;
 
 use crate::error::{Error, first_error};
 use crate::stream::lend::Tracker;
@@ -67,9 +68,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         stream: &Stream,
     ) -> Result<usize, Error> {
         let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
-        let mut table = self.lock();
-        self.reclaim_finished(&mut table);
-        self.retire_range(&mut table, start, end, &|f| f(stream))
+        self.retire_range(start, end, &|f| f(stream))
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the retired pages whose work has
@@ -171,51 +170,65 @@ impl<M: AccessMode> VirtualBuffer<M> {
     }
 
     /// Retires the pages inside `[start, end)` after the work queued so far on each stream `each`
-    /// names. The table is locked by the caller.
+    /// names. Locks the table itself (twice: for the checks and the marking, and for the events).
     pub(super) fn retire_range(
         &self,
-        table: &mut Table,
         start: usize,
         end: usize,
         each: EachStream<'_>,
     ) -> Result<usize, Error> {
-        let span = pages_inside(&table.pages, start, end)?;
-        let Some(pages) = table.pages.get(span.clone()) else {
-            return Ok(0);
-        };
-        if pages.is_empty() {
-            return Ok(0);
-        }
-        if let Some(page) = pages.iter().find(|p| p.retired) {
-            return Err(Error::PageRange {
-                start: page.start(),
-                end: page.end(),
-                problem: RETIRED,
-            });
-        }
-        each(&mut |stream| {
-            if capturing(stream)? {
-                Err(Error::StreamCapturing {
-                    what: "a retire is not ordered after a capturing stream: its event would be a \
-                           node of the graph, not a mark of the stream",
-                })
-            } else {
-                Ok(())
+        let _one_at_a_time = self.retires.lock().unwrap_or_else(PoisonError::into_inner);
+        let (offsets, old) = {
+            let mut guard = self.lock();
+            let table = &mut *guard;
+            self.reclaim_finished(table);
+            let span = pages_inside(&table.pages, start, end)?;
+            let Some(pages) = table.pages.get(span.clone()) else {
+                return Ok(0);
+            };
+            if pages.is_empty() {
+                return Ok(0);
             }
+            if let Some(page) = pages.iter().find(|p| p.retired) {
+                return Err(Error::PageRange {
+                    start: page.start(),
+                    end: page.end(),
+                    problem: RETIRED,
+                });
+            }
+            each(&mut |stream| {
+                if capturing(stream)? {
+                    Err(Error::StreamCapturing {
+                        what: "a retire is not ordered after a capturing stream: its event would \
+                               be a node of the graph, not a mark of the stream",
+                    })
+                } else {
+                    Ok(())
+                }
+            })?;
+            let mut offsets = Vec::with_capacity(span.len());
+            for page in table.pages.get_mut(span).into_iter().flatten() {
+                page.retired = true;
+                offsets.push(page.offset);
+                bump(&mut table.stats.pages_retired);
+            }
+            table.claims.forget(start, end);
+            let old = table.generation % 2;
+            table.generation = table.generation.wrapping_add(1);
+            (offsets, old)
+        };
+        // Every lend admitted before the pages were marked counts in slot `old`, and queues its work
+        // before it is uncounted; lends admitted since count in the other slot, and none of them
+        // reaches the retired pages. The lock is not held here: a lend in progress may need it for
+        // a second view of the same buffer (a copy between two of its ranges, a launch with several).
+        let slot = self.lending.get(old).ok_or(Error::Overflow {
+            what: "lend generation",
         })?;
-        let mut offsets = Vec::with_capacity(span.len());
-        for page in table.pages.get_mut(span).into_iter().flatten() {
-            page.retired = true;
-            offsets.push(page.offset);
-            bump(&mut table.stats.pages_retired);
-        }
-        table.claims.forget(start, end);
-        // Every lend admitted before the pages were marked (under the lock, which this call holds)
-        // queues its work before it is uncounted; no new one is admitted. So once none is in
-        // progress, the events below come after all the work that may use the pages.
-        while self.lending.load(Ordering::Acquire) != 0 {
+        while slot.load(Ordering::Acquire) != 0 {
             std::thread::yield_now();
         }
+        let mut guard = self.lock();
+        let table = &mut *guard;
         let mut events = Vec::new();
         let spare = &mut table.spare_events;
         let stats = &mut table.stats;
@@ -241,8 +254,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
             let _ = each(&mut |stream| stream.synchronize());
             events.clear();
         }
+        let count = offsets.len();
         table.retiring.push(Retiring { offsets, events });
-        recorded.map(|()| table.retiring.last().map_or(0, |r| r.offsets.len()))
+        recorded.map(|()| count)
     }
 }
 
@@ -254,7 +268,7 @@ fn capturing(stream: &Stream) -> Result<bool, Error> {
 
 // The page table of a buffer lent to a scope admits each lend of one of its views.
 impl<M: AccessMode> Tracker for VirtualBuffer<M> {
-    fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<(), Error> {
+    fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<usize, Error> {
         let start = ptr
             .checked_sub(self.base)
             .and_then(|offset| usize::try_from(offset).ok())
@@ -266,11 +280,16 @@ impl<M: AccessMode> Tracker for VirtualBuffer<M> {
         })?;
         let table = self.lock();
         check_covered_at(&table.pages, start, end, epoch)?;
-        self.lending.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        let slot = table.generation % 2;
+        if let Some(count) = self.lending.get(slot) {
+            count.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(slot)
     }
 
-    fn done(&self) {
-        self.lending.fetch_sub(1, Ordering::AcqRel);
+    fn done(&self, slot: usize) {
+        if let Some(count) = self.lending.get(slot) {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }

@@ -269,9 +269,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         let streams = self.streams;
         let each: EachStream<'_> =
             &|f: &mut dyn FnMut(&Stream) -> Result<(), Error>| streams.each(f);
-        let mut table = buffer.lock();
-        buffer.reclaim_finished(&mut table);
-        buffer.retire_range(&mut table, start, end, each)
+        buffer.retire_range(start, end, each)
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the retired pages whose work has
