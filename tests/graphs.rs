@@ -442,3 +442,38 @@ fn a_capture_and_another_threads_waits_hold_each_other() {
             .all(|&v| v == 0x0202_0202)
     );
 }
+
+/// Two GPUs: a graph captured on GPU 0 copies GPU 1's memory over a grant (a buffer page of GPU 1
+/// granted to both), and its replay gives the bytes.
+#[test]
+fn a_graph_on_gpu0_reads_gpu1_memory_over_a_grant() {
+    let _serial = serial();
+    let Some(gpus) = common::gpus_or_skip("a_graph_on_gpu0_reads_gpu1_memory_over_a_grant", 2)
+    else {
+        return;
+    };
+    let ((d0, ctx0), (d1, _)) = (&gpus[0], &gpus[1]);
+    let g = allocation_granularity(*d1, Granularity::Minimum).unwrap();
+    let mut buffer = VirtualBuffer::new(g, &[*d0, *d1], ReadWrite).unwrap();
+    buffer.map_page(0, *d1, g).unwrap();
+    let data = pattern(g / 4, 12);
+    buffer
+        .slice_bytes_mut::<u32>(..)
+        .unwrap()
+        .copy_from_host(&data)
+        .unwrap();
+    let mut out = DeviceBuffer::<u32>::zeroed(ctx0, g / 4).unwrap();
+    let stream = Stream::new(ctx0).unwrap();
+    {
+        let mut out_view = out.as_mut_slice();
+        let remote = buffer.slice_bytes_on::<u32>(*d0, ..).unwrap();
+        assert!(remote.reachable_from(*d0));
+        let graph = Graph::capture(&stream, |c| {
+            c.copy_from_device(&mut out_view, remote).map(drop)
+        })
+        .unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+    }
+    assert_eq!(out.as_slice().to_vec().unwrap(), data);
+    buffer.free().unwrap();
+}

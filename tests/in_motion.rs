@@ -664,3 +664,138 @@ fn two_view_lends_race_retires_without_deadlock() {
     assert_eq!(cache.stats().pages_retired as usize, RETIRERS * ROUNDS);
     cache.free().unwrap();
 }
+
+/// Two GPUs: a buffer granted to both, a page of each; a kernel on GPU 1 reads GPU 0's page and
+/// writes its own while a kernel on GPU 0 runs too; a page of GPU 1 is mapped meanwhile and written
+/// from GPU 0; GPU 0's page is retired behind GPU 1's kernel, and released only after it.
+#[test]
+fn a_retire_behind_work_on_the_other_gpu() {
+    let _serial = serial();
+    let Some(gpus) = common::gpus_or_skip("a_retire_behind_work_on_the_other_gpu", 2) else {
+        return;
+    };
+    let ((d0, ctx0), (d1, ctx1)) = (&gpus[0], &gpus[1]);
+    let (d0, d1) = (*d0, *d1);
+    let g = granularity(d0).max(granularity(d1));
+    let n = g / 8;
+    let (spin0, spin1) = (spin_module(ctx0), spin_module(ctx1));
+    let (k0, k1) = (
+        spin0.function(c"spin_add_one").unwrap(),
+        spin1.function(c"spin_add_one").unwrap(),
+    );
+    let data = pattern(n, 8);
+    let host_in = PinnedBuffer::from_slice(ctx0, &data).unwrap();
+    let fresh_in = PinnedBuffer::from_slice(ctx0, &pattern(n, 9)).unwrap();
+    let mut out1 = PinnedBuffer::<u32>::zeroed(ctx1, n).unwrap();
+    let mut out0 = PinnedBuffer::<u32>::zeroed(ctx0, n).unwrap();
+    let mut fresh_out = PinnedBuffer::<u32>::zeroed(ctx0, n).unwrap();
+    let (s0, s1) = (Stream::new(ctx0).unwrap(), Stream::new(ctx1).unwrap());
+    let (uploaded, gpu1_done) = (Event::new(ctx0).unwrap(), Event::new(ctx1).unwrap());
+    let n32 = u32::try_from(n).unwrap();
+    let mut cache = VirtualBuffer::new(8 * g, &[d0, d1], ReadWrite).unwrap();
+    cache.map_page(0, d0, g).unwrap(); // GPU 0's page
+    cache.map_page(g, d1, g).unwrap(); // GPU 1's page
+    cuda_vmm::scope(|s| {
+        let (q0, q1) = (s.on(&s0), s.on(&s1));
+        let kv = cache.in_scope(s);
+        let mut a = kv.write::<u32>(0..g / 2)?;
+        let mut a_half = kv.write_on::<u32>(d0, g / 2..g)?;
+        let mut b = kv.write_on::<u32>(d1, g..g + g / 2)?;
+        let up = q0.copy_from_host(&mut a, &host_in)?;
+        q0.record(&uploaded)?;
+        q1.wait(&uploaded)?;
+        // SAFETY: spin_add_one(u32*, const u32*, u32, u64), `n` values of each view.
+        let (on1, (), (), ()) = unsafe {
+            q1.launch(
+                &k1,
+                (64, 1, 1),
+                (256, 1, 1),
+                (&mut b, up, n32, 300_000_000u64),
+            )?
+        };
+        // SAFETY: as above.
+        let (on0, (), (), ()) = unsafe {
+            q0.launch(
+                &k0,
+                (64, 1, 1),
+                (256, 1, 1),
+                (&mut a_half, up, n32, 100_000_000u64),
+            )?
+        };
+        q1.copy_to_host(&mut out1, on1)?;
+        q1.record(&gpu1_done)?;
+        q0.copy_to_host(&mut out0, on0)?;
+        // A page of GPU 1, mapped while both kernels run, written and read from GPU 0.
+        let at = kv.grow(d1, g)?;
+        let mut fresh = kv.write_on::<u32>(d0, at..at + g / 2)?;
+        let wrote = q0.copy_from_host(&mut fresh, &fresh_in)?;
+        q0.copy_to_host(&mut fresh_out, wrote)?;
+        // GPU 0's page is read by GPU 1's kernel: retired behind it.
+        assert_eq!(kv.retire(0..g)?, 1);
+        assert!(
+            !gpu1_done.is_complete()?,
+            "GPU 1's kernel ended too soon for this test"
+        );
+        assert_eq!(kv.reclaim()?, 0, "released while GPU 1's kernel reads it");
+        gpu1_done.synchronize()?;
+        s0.synchronize()?;
+        assert_eq!(kv.reclaim()?, 1);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        out1.to_vec(),
+        plus_one(&data),
+        "GPU 1's kernel over GPU 0's page"
+    );
+    assert_eq!(out0.to_vec(), plus_one(&data), "GPU 0's kernel");
+    assert_eq!(
+        fresh_out.to_vec(),
+        pattern(n, 9),
+        "GPU 1's new page, from GPU 0"
+    );
+    cache.free().unwrap();
+}
+
+/// Two GPUs: a prefix page of GPU 1's memory shared by a buffer of GPU 0 (read-only) and one of
+/// both GPUs (read-write, its writer): every mapping reads the bytes written once, from either GPU.
+#[test]
+fn a_prefix_page_shared_across_two_gpus() {
+    let _serial = serial();
+    let Some(gpus) = common::gpus_or_skip("a_prefix_page_shared_across_two_gpus", 2) else {
+        return;
+    };
+    let (d0, d1) = (gpus[0].0, gpus[1].0);
+    let g = granularity(d0).max(granularity(d1));
+    let prefix = SharedPage::new(d1, g).unwrap();
+    let mut writer = VirtualBuffer::new(g, &[d1, d0], ReadWrite).unwrap();
+    writer.map_shared(0, &prefix).unwrap();
+    let reader = VirtualBuffer::new(2 * g, &[d0], cuda_vmm::ReadOnly).unwrap();
+    reader.map_shared(0, &prefix).unwrap();
+    reader.map_shared(g, &prefix).unwrap();
+    let data = pattern(g / 4, 77);
+    writer
+        .slice_bytes_mut::<u32>(..)
+        .unwrap()
+        .copy_from_host(&data)
+        .unwrap();
+    assert_eq!(
+        writer
+            .slice_bytes_on::<u32>(d0, ..)
+            .unwrap()
+            .to_vec()
+            .unwrap(),
+        data
+    );
+    assert_eq!(
+        reader.slice_bytes::<u32>(..g).unwrap().to_vec().unwrap(),
+        data
+    );
+    assert_eq!(
+        reader.slice_bytes::<u32>(g..).unwrap().to_vec().unwrap(),
+        data
+    );
+    assert_eq!(prefix.share_count(), 4);
+    drop((writer, reader));
+    assert_eq!(prefix.share_count(), 1);
+}
