@@ -38,6 +38,19 @@
 //! against raw `cuMemcpyPeer`, which the driver then stages itself (the call `Route::Direct` used to
 //! make): a reference, goal "report".
 //!
+//! Memory in motion, on GPU 0, with the hand-written `spin_add_one` kernel (it spins for a given
+//! time, then writes `dst = src + 1`): the host time of `ScopedBuffer::retire` of a page with 100 ms
+//! of that kernel queued, against `cuStreamSynchronize` + `cuMemUnmap` + `cuMemRelease` of the same
+//! work on a raw page (goal: the retire under 1 % of the wait); a decode loop of 256 steps in one
+//! scope, one kernel per step, that maps a page and retires one every 8 steps, against the same loop
+//! over a preallocated `VirtualBuffer` that maps and retires nothing (the crate's own buffer, so the
+//! ratio is the cost of the motion alone), once with 100 us kernels (goal <= 1.02) and once with
+//! kernels that do not spin, where the host's calls set the pace (goal "report"); and a second
+//! mapping of a shared page (`VirtualBuffer::map_shared` + `unmap`) against `cuMemMap` +
+//! `cuMemSetAccess` + `cuMemUnmap` of the same handle at the same address, with the raw calls
+//! against themselves as calibration (goal <= 1.01). With the argument `motion`
+//! (`cargo run --release --example bench -- motion`), only these rows run.
+//!
 //! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
 //! cudarc's builder) over 1 GiB of VMM memory lent inside `cuda_vmm::interop::cudarc::scope`, the
 //! scope waiting for the stream, against the same launch over cudarc's own `CudaSlice` followed by
@@ -240,6 +253,10 @@ fn run() -> BenchResult<()> {
     );
     let g = allocation_granularity(device, Granularity::Minimum)?;
     let mut rows = Vec::new();
+    if std::env::args().nth(1).as_deref() == Some("motion") {
+        motion_rows(ctx, g, &mut rows)?;
+        return report(&device.name()?, devices.len(), &rows, &[]);
+    }
 
     for (label, size, reps) in [("2 MiB", 2usize << 20, 2000), ("1 GiB", 1usize << 30, 300)] {
         let (safe, raw_t, paired) = race_paired(
@@ -279,6 +296,7 @@ fn run() -> BenchResult<()> {
     stream_rows(ctx, bytes, &mut rows)?;
     let mut not_run = Vec::new();
     owned_rows(ctx, g, &mut rows, &mut not_run)?;
+    motion_rows(ctx, g, &mut rows)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
     host_and_ipc(ctx, &mut rows, &mut not_run)?;
     #[cfg(feature = "cudarc")]
@@ -1946,5 +1964,461 @@ extern "C" __global__ void scale(float *x, unsigned long long n) {
         )
         .with_paired_times(paired),
     );
+    Ok(())
+}
+
+/// PTX of `spin_add_one(u32 *dst, const u32 *src, u32 n, u64 ns)`: every thread spins until `ns`
+/// nanoseconds have passed, then `dst[i] = src[i] + 1` for `i < n`: work of a known duration.
+const SPIN_PTX: &str = include_str!("kernels/spin_add_one.ptx");
+
+/// The driver calls of the raw side of the memory-in-motion rows, declared with integer results.
+mod raw_launch {
+    use core::ffi::{c_char, c_void};
+
+    unsafe extern "C" {
+        pub(crate) fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> u32;
+        pub(crate) fn cuModuleGetFunction(
+            function: *mut *mut c_void,
+            module: *mut c_void,
+            name: *const c_char,
+        ) -> u32;
+        pub(crate) fn cuModuleUnload(module: *mut c_void) -> u32;
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn cuLaunchKernel(
+            function: *mut c_void,
+            grid_x: u32,
+            grid_y: u32,
+            grid_z: u32,
+            block_x: u32,
+            block_y: u32,
+            block_z: u32,
+            shared_bytes: u32,
+            stream: *mut c_void,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> u32;
+        pub(crate) fn cuMemsetD8Async(dst: u64, byte: u8, bytes: usize, stream: *mut c_void)
+        -> u32;
+    }
+}
+
+/// `spin_add_one` loaded with the raw calls (`cuModuleLoadData`, `cuModuleGetFunction`), for the
+/// raw side of the rows; unloaded on drop.
+struct RawSpin {
+    ctx: Context,
+    module: *mut c_void,
+    function: *mut c_void,
+}
+
+impl RawSpin {
+    fn load(ctx: &Context) -> BenchResult<RawSpin> {
+        let ptx = std::ffi::CString::new(SPIN_PTX)?;
+        ctx.bind_to_thread()?;
+        let mut module = core::ptr::null_mut();
+        // SAFETY: `module` is writable; `ptx` is NUL-terminated PTX text, alive for the call; a
+        // context is current (bound just above).
+        ok(unsafe { raw_launch::cuModuleLoadData(&raw mut module, ptx.as_ptr().cast()) })?;
+        // Owned from here, so that an error below unloads it.
+        let mut loaded = RawSpin {
+            ctx: ctx.clone(),
+            module,
+            function: core::ptr::null_mut(),
+        };
+        // SAFETY: `loaded.function` is writable, `module` the module loaded just above, the name
+        // NUL-terminated.
+        ok(unsafe {
+            raw_launch::cuModuleGetFunction(
+                &raw mut loaded.function,
+                module,
+                c"spin_add_one".as_ptr(),
+            )
+        })?;
+        Ok(loaded)
+    }
+
+    /// `cuLaunchKernel` of `spin_add_one(dst, src, n, ns)` on `stream`, `grid` blocks of 256.
+    ///
+    /// # Safety
+    /// `dst` and `src` must be `n` `u32`s each of device memory of this kernel's context, mapped
+    /// and granted until the kernel has finished, which nothing else writes meanwhile.
+    unsafe fn launch(
+        &self,
+        stream: *mut c_void,
+        grid: u32,
+        (dst, src, n, ns): (u64, u64, u32, u64),
+    ) -> BenchResult<()> {
+        let (mut dst, mut src, mut n, mut ns) = (dst, src, n, ns);
+        let mut params = [
+            (&raw mut dst).cast::<c_void>(),
+            (&raw mut src).cast::<c_void>(),
+            (&raw mut n).cast::<c_void>(),
+            (&raw mut ns).cast::<c_void>(),
+        ];
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `spin_add_one` takes (.u64 dst, .u64 src, .u32 n, .u64 ns); `params` points, in
+        // that order, at values of those types, alive for the call (the driver copies them). The
+        // memory is the caller's guarantee; the context is current (bound just above).
+        ok(unsafe {
+            raw_launch::cuLaunchKernel(
+                self.function,
+                grid,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                core::ptr::null_mut(),
+            )
+        })
+    }
+}
+
+impl Drop for RawSpin {
+    fn drop(&mut self) {
+        // Errors are ignored: `drop` cannot return them, and a module the driver refuses to unload
+        // stays loaded until its context goes, which is all that could happen later anyway.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the module loaded by `load`, unloaded once; every launch of its kernel was waited
+        // for by the row that made it.
+        let _ = unsafe { raw_launch::cuModuleUnload(self.module) };
+    }
+}
+
+/// As [`race_paired`], for runs that time only a part of themselves: each run returns the seconds
+/// of its timed part (the rest, such as mapping a page first or waiting for a scope after, is not
+/// counted).
+fn race_paired_parts(
+    reps: usize,
+    mut safe: impl FnMut() -> BenchResult<f64>,
+    mut raw: impl FnMut() -> BenchResult<f64>,
+) -> BenchResult<(f64, f64, f64)> {
+    safe()?;
+    raw()?;
+    let (mut s, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for i in 0..reps {
+        if i % 2 == 0 {
+            s.push(safe()?);
+            r.push(raw()?);
+        } else {
+            r.push(raw()?);
+            s.push(safe()?);
+        }
+    }
+    let ratios = s.iter().zip(&r).map(|(a, b)| a / b).collect();
+    Ok((median(s), median(r), median(ratios)))
+}
+
+/// Memory in motion, on GPU 0: a retire behind queued work against the raw wait and unmap; a decode
+/// loop in one scope that grows and retires pages against the same loop over a preallocated buffer;
+/// and a second mapping of a shared page against the raw calls.
+fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
+    let kernel = module.function(c"spin_add_one")?;
+    let raw_kernel = RawSpin::load(ctx)?;
+    let stream = cuda_vmm::Stream::new(ctx)?;
+    retire_row(ctx, g, &kernel, &raw_kernel, &stream, rows)?;
+    for (spin_ns, reps) in [(100_000, 40), (0, 400)] {
+        decode_row(ctx, g, &kernel, &stream, spin_ns, reps, rows)?;
+    }
+    shared_map_rows(ctx, g, rows)
+}
+
+/// The host time of a retire behind about 100 ms of queued work: a page of `g` bytes, half of it
+/// zeroed and read by `spin_add_one` (100 ms spin) into the other half, then
+/// `ScopedBuffer::retire` of the page, which records an event and returns; against the same work on
+/// a raw page (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemsetD8Async`, `cuLaunchKernel` on the
+/// same stream), then `cuStreamSynchronize`, `cuMemUnmap` and `cuMemRelease`, the host's other way
+/// to release memory under running work. Only the retire and the wait-and-release are timed; the
+/// scope's own wait, after the retire, is not.
+fn retire_row(
+    ctx: &Context,
+    g: usize,
+    kernel: &cuda_vmm::module::Function<'_>,
+    raw_kernel: &RawSpin,
+    stream: &cuda_vmm::Stream,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    const QUEUED_NS: u64 = 100_000_000;
+    let device = ctx.device();
+    let n = u32::try_from(g / 8)?; // half a page of u32s
+    let mut buffer = cuda_vmm::VirtualBuffer::new(g, &[device], ReadWrite)?;
+    let safe = || -> BenchResult<f64> {
+        buffer.grow(device, g)?;
+        let mut took = 0.0;
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(stream), buffer.in_scope(s));
+            let (mut src, mut dst) = (kv.write::<u32>(..g / 2)?, kv.write::<u32>(g / 2..)?);
+            let zeroed = w.memset(&mut src, 0)?;
+            // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)` takes these four, in this order,
+            // and touches `n` values of each view, which hold `n` each.
+            let _written = unsafe {
+                w.launch(
+                    kernel,
+                    (64, 1, 1),
+                    (256, 1, 1),
+                    (&mut dst, zeroed, n, QUEUED_NS),
+                )?
+            };
+            let started = Instant::now();
+            kv.retire(..)?;
+            took = started.elapsed().as_secs_f64();
+            Ok(())
+        })?;
+        // The scope waited for the kernel: the page is released here, so the next run maps at 0.
+        if buffer.reclaim()? != 1 {
+            return Err("retire row: the retired page was not released after its work".into());
+        }
+        Ok(took)
+    };
+    let reservation = VirtualReservation::new(g, 0)?;
+    let at = reservation.base();
+    let (prop, desc) = page_props(device);
+    let raw_stream = stream.as_raw().cast::<c_void>();
+    let raw = || -> BenchResult<f64> {
+        let mut handle = 0u64;
+        ctx.bind_to_thread()?;
+        // SAFETY: `handle` is writable and `prop` a live property struct; `[at, at + g)` is the whole
+        // of `reservation`, unmapped (each run unmaps it), aligned to the granularity `g`, mapped to
+        // the allocation just made and granted whole; the context is current (bound just above).
+        unsafe {
+            ok(raw::cuMemCreate(&raw mut handle, g, &raw const prop, 0))?;
+            ok(raw::cuMemMap(at, g, 0, handle, 0))?;
+            ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?;
+            ok(raw_launch::cuMemsetD8Async(at, 0, g / 2, raw_stream))?;
+            // The kernel reads the first half and writes the second, `n` values each, and is
+            // waited for below before the page is unmapped.
+            raw_kernel.launch(raw_stream, 64, (at + (g / 2) as u64, at, n, QUEUED_NS))?;
+        }
+        let started = Instant::now();
+        // SAFETY: waits for the stream, so nothing uses the page any more; then unmaps the mapping
+        // made above, once, and releases its allocation, once.
+        unsafe {
+            ok(raw::cuStreamSynchronize(raw_stream))?;
+            ok(raw::cuMemUnmap(at, g))?;
+            ok(raw::cuMemRelease(handle))?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    };
+    let (safe_t, raw_t, paired) = race_paired_parts(10, safe, raw)?;
+    rows.push(Row {
+        name: format!(
+            "retire of a {} MiB page with 100 ms of kernel queued: ScopedBuffer::retire vs \
+             cuStreamSynchronize + cuMemUnmap + cuMemRelease (us)",
+            g >> 20
+        ),
+        unit: "us",
+        safe: safe_t * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "retire < 1 % of sync",
+    });
+    buffer.free()?;
+    reservation.free()?;
+    Ok(())
+}
+
+/// Steps of the decode loop rows, and how often the growing loop maps a page and retires one.
+const DECODE_STEPS: usize = 256;
+const DECODE_EVERY: usize = 8;
+/// The bytes each step writes (a token), read by the next step.
+const DECODE_TOKEN: usize = 4096;
+
+/// A decode loop's time per step, in one scope on one stream, the scope's closing wait included:
+/// each step launches `spin_add_one` (`spin_ns` of spin, then one token of 4 KiB written from the
+/// step before's). The growing loop maps a new page of `g` bytes (`ScopedBuffer::map_page`) every
+/// 8 steps, writes the next 8 tokens there and retires the page before (`ScopedBuffer::retire`),
+/// and retires its last page at the end; the preallocated loop writes the same tokens round two
+/// pages of a `VirtualBuffer` mapped before, lent the same way, with no map or retire.
+fn decode_row(
+    ctx: &Context,
+    g: usize,
+    kernel: &cuda_vmm::module::Function<'_>,
+    stream: &cuda_vmm::Stream,
+    spin_ns: u64,
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    // Slots of the growing buffer: one run maps `DECODE_STEPS / DECODE_EVERY` pages, at slots after
+    // the last run's, whose retires the scope's wait finished (so the next map releases them).
+    let ring = 2 * (DECODE_STEPS / DECODE_EVERY + 1);
+    let device = ctx.device();
+    let mut growing = cuda_vmm::VirtualBuffer::new(ring * g, &[device], ReadWrite)?;
+    let mut preallocated = cuda_vmm::VirtualBuffer::new(2 * g, &[device], ReadWrite)?;
+    preallocated.grow(device, g)?;
+    preallocated.grow(device, g)?;
+    let mut next = 0usize;
+    let mut grow_loop = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(stream), growing.in_scope(s));
+            let mut page = (next % ring) * g;
+            next += 1;
+            kv.map_page(page, device, g)?;
+            let mut tokens = token_slots(&kv, page, DECODE_EVERY)?;
+            let mut last = w.memset(&mut tokens[0], 0)?;
+            for step in 1..DECODE_STEPS {
+                if step % DECODE_EVERY == 0 {
+                    let old = page;
+                    page = (next % ring) * g;
+                    next += 1;
+                    kv.map_page(page, device, g)?;
+                    tokens = token_slots(&kv, page, DECODE_EVERY)?;
+                    last = decode_step(w, kernel, &mut tokens[0], last, spin_ns)?;
+                    kv.retire(old..old + g)?; // after the kernel that read its last token
+                } else {
+                    last = decode_step(w, kernel, &mut tokens[step % DECODE_EVERY], last, spin_ns)?;
+                }
+            }
+            kv.retire(page..page + g)?;
+            Ok(())
+        })?;
+        Ok(())
+    };
+    let mut fixed_loop = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(stream), preallocated.in_scope(s));
+            let mut tokens = token_slots(&kv, 0, DECODE_EVERY)?;
+            tokens.extend(token_slots(&kv, g, DECODE_EVERY)?);
+            let mut last = w.memset(&mut tokens[0], 0)?;
+            for step in 1..DECODE_STEPS {
+                let slot = step % tokens.len();
+                last = decode_step(w, kernel, &mut tokens[slot], last, spin_ns)?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    };
+    warm_up(0.3, &mut grow_loop, &mut fixed_loop)?;
+    let (grow_t, fixed_t, paired) = race_paired(reps, &mut grow_loop, &mut fixed_loop)?;
+    let per_step = 1e6 / float(DECODE_STEPS);
+    let (name, goal) = if spin_ns == 0 {
+        (
+            "a kernel with no spin (host-bound)",
+            "report: the map and retire calls show",
+        )
+    } else {
+        ("a 100 us kernel", "growing/preallocated <= 1.02")
+    };
+    rows.push(Row {
+        name: format!(
+            "decode loop in one scope, {name} per step: mapping + retiring a {} MiB page every \
+             {DECODE_EVERY} steps vs a preallocated VirtualBuffer (no map, no retire), per step (us)",
+            g >> 20
+        ),
+        unit: "us",
+        safe: grow_t * per_step,
+        raw: fixed_t * per_step,
+        paired: Some(paired),
+        goal,
+    });
+    growing.free()?;
+    preallocated.free()?;
+    Ok(())
+}
+
+/// `count` token slots of [`DECODE_TOKEN`] bytes from byte `from` of `kv`, each lent for writing.
+fn token_slots<'scope>(
+    kv: &cuda_vmm::owned::ScopedBuffer<'scope, ReadWrite>,
+    from: usize,
+    count: usize,
+) -> cuda_vmm::Result<Vec<cuda_vmm::stream::Rewritable<'scope, u32>>> {
+    (0..count)
+        .map(|i| {
+            let at = from + i * DECODE_TOKEN;
+            kv.write::<u32>(at..at + DECODE_TOKEN)
+        })
+        .collect()
+}
+
+/// One decode step: `spin_add_one(token, last, n, spin_ns)` on one block of 256 threads; returns
+/// the token written.
+fn decode_step<'scope>(
+    w: cuda_vmm::stream::ScopedStream<'scope>,
+    kernel: &'scope cuda_vmm::module::Function<'_>,
+    token: &mut cuda_vmm::stream::Rewritable<'scope, u32>,
+    last: cuda_vmm::stream::DeviceInFlight<'scope, u32>,
+    spin_ns: u64,
+) -> cuda_vmm::Result<cuda_vmm::stream::DeviceInFlight<'scope, u32>> {
+    let n = token.len();
+    if last.len() != n {
+        return Err(cuda_vmm::Error::LengthMismatch {
+            expected: n,
+            found: last.len(),
+        });
+    }
+    let n32 = u32::try_from(n).map_err(|_| cuda_vmm::Error::Overflow {
+        what: "token length",
+    })?;
+    // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)` takes these four, in this order; it writes
+    // `n` values of `token` and reads `n` of `last`, which hold `n` each (checked above).
+    let (written, (), (), ()) =
+        unsafe { w.launch(kernel, (1, 1, 1), (256, 1, 1), (token, last, n32, spin_ns))? };
+    Ok(written)
+}
+
+/// A second mapping of a shared page of `g` bytes (the first, read-only in another buffer, stays
+/// for the whole row): `VirtualBuffer::map_shared` and `unmap` (`cuMemMap`, `cuMemSetAccess`,
+/// `cuMemUnmap`; the share is dropped, the memory stays) against the same raw calls with the same
+/// handle at the same address; and the raw calls against themselves (calibration).
+fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    let device = ctx.device();
+    let memory = PhysicalAllocation::new(device, g)?;
+    let handle = memory.as_raw();
+    let page = cuda_vmm::owned::SharedPage::from_allocation(memory);
+    let first = cuda_vmm::VirtualBuffer::new(g, &[device], cuda_vmm::ReadOnly)?;
+    first.map_shared(0, &page)?;
+    let mut second = cuda_vmm::VirtualBuffer::new(g, &[device], ReadWrite)?;
+    let at = second.base();
+    let (_, desc) = page_props(device);
+    let mut safe = || -> BenchResult<()> {
+        second.map_shared(0, &page)?;
+        second.unmap(..)?;
+        Ok(())
+    };
+    let raw = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        // SAFETY: `[at, at + g)` is the whole of `second`'s reservation, aligned to the granularity
+        // `g`, which `second` maps nothing into between safe runs (each unmaps what it mapped) and
+        // no safe run overlaps a raw one; `handle` is the allocation `page` shares, alive for the
+        // whole row (`first` and `page` hold shares). Mapped whole, granted whole, unmapped once;
+        // the context is current (bound just above).
+        unsafe {
+            ok(raw::cuMemMap(at, g, 0, handle, 0))?;
+            ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?;
+            ok(raw::cuMemUnmap(at, g))
+        }
+    };
+    let mut raw_warm = raw;
+    warm_up(0.2, &mut safe, &mut raw_warm)?;
+    let (a, b, calibration) = race_paired(5000, raw, raw)?;
+    rows.push(Row {
+        name: format!(
+            "second mapping of a shared {} MiB page, raw vs raw (calibration) (us)",
+            g >> 20
+        ),
+        unit: "us",
+        safe: a * 1e6,
+        raw: b * 1e6,
+        paired: Some(calibration),
+        goal: "calibration: ~1",
+    });
+    let (safe_t, raw_t, paired) = race_paired(5000, &mut safe, raw)?;
+    rows.push(Row {
+        name: format!(
+            "second mapping of a shared {} MiB page: VirtualBuffer::map_shared + unmap vs \
+             cuMemMap + cuMemSetAccess + cuMemUnmap of the same handle (us)",
+            g >> 20
+        ),
+        unit: "us",
+        safe: safe_t * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.01",
+    });
+    second.free()?;
+    first.free()?;
+    page.release()?;
     Ok(())
 }

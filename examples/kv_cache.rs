@@ -1,13 +1,25 @@
-//! A key-value cache the way an inference server keeps one: a 64 GiB address budget reserved once,
-//! one slot of it per sequence, and pages of device memory (the granularity, 2 MiB on an H200) mapped
-//! into a slot on demand as its sequence grows. Ending a sequence in the middle unmaps its pages and
-//! releases their memory at once; a new sequence reuses the slot. No address ever changes, and no
-//! byte is ever copied to make room.
+//! A key-value cache in motion, the way an inference server runs one: the whole decode loop is one
+//! `cuda_vmm::scope`, and between its steps the cache maps pages for the sequences that grow, lends
+//! them to the decode kernels, and retires the pages of the sequences that finish, while the kernels
+//! of earlier steps still run. Inside the loop the host never waits for the device.
 //!
-//! The cache is a plain struct holding a `VirtualBuffer`: no lifetimes, so it could sit in a server's
-//! state for hours. The buffer grants each page to the device once, when the page is mapped; the
-//! example prints the counts of `cuMemMap`, `cuMemUnmap` and `cuMemSetAccess` calls to show it, and
-//! checks at the end that the device's free memory is back to the byte.
+//! - The cache is a plain struct of `VirtualBuffer`s: a 64 GiB address budget, a 1 GiB slot per
+//!   sequence, and pages (the granularity, 2 MiB on an H200) mapped into a slot as its sequence
+//!   grows (`ScopedBuffer::map_page`, through `&self`, beside the running kernels).
+//! - Each step launches a decode kernel per sequence (`spin_add_one`: it spins for 1 ms, then writes
+//!   its token as the previous token + 1) into a `Rewritable` the cache lends, reading the previous
+//!   token through the `DeviceInFlight` of the step before.
+//! - The prompt prefix all sequences share is one `SharedPage`, written once through a read-write
+//!   mapping and mapped read-only per sequence, at several offsets of one `ReadOnly` buffer; a
+//!   sequence's first step reads it through a `BufferRead`.
+//! - A finished sequence's pages and prefix mapping are retired (`ScopedBuffer::retire`): the call
+//!   returns at once, later lends are refused, and the pages are released only once the device has
+//!   passed the work queued before the retire (an event on the scope's stream).
+//!
+//! The host queues the loop far ahead of the device (a server would bound its lead on an event), so
+//! free memory, printed as it goes, falls as pages are mapped and rises after the loop, as the device
+//! passes each retire. Checked: every token, the driver calls (`BufferStats`), and free memory back
+//! to the byte once the cache is dropped.
 //!
 //! Run with `./with-libcuda cargo run --example kv_cache`.
 
@@ -16,115 +28,108 @@
 #[allow(dead_code)]
 mod common;
 
+use std::ffi::CString;
 use std::process::ExitCode;
+use std::slice::ChunksMut;
+use std::time::{Duration, Instant};
 
 use common::{ExampleResult, check, first_vmm_device_or_none, pattern, verify};
+use cuda_vmm::module::Function;
+use cuda_vmm::owned::{ScopedBuffer, SharedPage};
+use cuda_vmm::stream::{DeviceInFlight, KernelArg, Rewritable, Scope, ScopedRead, ScopedStream};
 use cuda_vmm::{
-    Context, Device, Granularity, ReadWrite, VirtualBuffer, align_size, allocation_granularity,
+    Context, Device, Error, Event, Granularity, Module, PinnedBuffer, ReadOnly, ReadWrite, Stream,
+    VirtualBuffer, align_size, allocation_granularity,
 };
 
 /// The address budget: far more than the device's memory, and free until pages are mapped.
 const BUDGET: usize = 64 << 30;
-/// Sequences at once; each owns `BUDGET / SLOTS` bytes of address space (1 GiB).
+/// Slots of the budget, one per sequence (1 GiB each).
 const SLOTS: usize = 64;
-/// The cache bytes one token takes (keys and values of every layer, say).
-const TOKEN_BYTES: usize = 64 << 10;
+/// The cache bytes of one token (keys and values of every layer, say): 8 tokens to a 2 MiB page.
+const TOKEN_BYTES: usize = 256 << 10;
+/// How long each decode kernel spins before it writes its token.
+const SPIN_NS: u64 = 1_000_000;
+/// `spin_add_one(u32 *dst, const u32 *src, u32 n, u64 ns)`: spins `ns`, then `dst[i] = src[i] + 1`.
+const SPIN_PTX: &str = include_str!("kernels/spin_add_one.ptx");
+/// One wave of blocks (every block resident at once), one thread per value of a token.
+const GRID: (u32, u32, u32) = (64, 1, 1);
+const BLOCK: (u32, u32, u32) = (256, 1, 1);
+/// The tokens each sequence decodes, and the step it joins at; a sequence's id is its slot.
+const LENGTHS: [usize; 10] = [12, 3, 30, 9, 16, 1, 24, 5, 12, 12];
+const JOINS_AT: [usize; 10] = [0, 0, 0, 0, 0, 0, 0, 0, 6, 6];
 
 fn main() -> ExitCode {
     common::exit_code("kv_cache", run())
 }
 
 fn run() -> ExampleResult {
-    println!(
-        "kv_cache: a 64 GiB address budget, device memory mapped page by page as sequences grow"
-    );
-    let Some(device) = first_vmm_device_or_none("there is no cache to fill")? else {
+    println!("kv_cache: pages mapped, lent and retired while the decode kernels run, in one scope");
+    let Some(device) = first_vmm_device_or_none("there is no cache to serve")? else {
         return Ok(());
     };
     let context = Context::new(device)?;
     let page = allocation_granularity(device, Granularity::Minimum)?;
-    println!("  page size (the device's granularity): {page} B");
-    // The first mapping and copy of a process may set up driver bookkeeping that stays; free memory
-    // is measured after one.
-    let mut warm_up = VirtualBuffer::new(page, &[device], ReadWrite)?;
-    warm_up.grow(device, page)?;
-    warm_up
-        .slice_bytes_mut::<u8>(..)?
-        .copy_from_host(&vec![0; page])?;
-    warm_up.free()?;
+    if page % TOKEN_BYTES != 0 {
+        return Err(format!("a page of {page} B is not a whole number of tokens").into());
+    }
+    let module = Module::load_ptx(&context, &CString::new(SPIN_PTX)?)?;
+    let kernel = module.function(c"spin_add_one")?;
+    let work = Stream::new(&context)?;
+    let done = Event::new(&context)?;
+    let n = TOKEN_BYTES / 4;
+    // The tokens' downloads, one buffer per sequence, read once the scope has waited.
+    let mut outputs: Vec<PinnedBuffer<u32>> = LENGTHS
+        .iter()
+        .map(|&len| PinnedBuffer::zeroed(&context, len * n))
+        .collect::<Result<_, _>>()?;
+    warm_up(device, &kernel, &work, page)?;
     let (free_before, _) = context.memory_info()?;
 
-    let mut cache = KvCache::new(device, page)?;
+    let prompt = pattern(page / 4, 0x5eed);
+    let mut cache = KvCache::new(device, page, &prompt)?;
     println!(
-        "  reserved {} GiB of address space at {:#x}, nothing mapped",
+        "  reserved {} GiB at {:#x}; the prompt prefix page written once, mapped read-only for \
+         {} sequences ({} shares of it)",
         BUDGET >> 30,
-        cache.buffer.base()
+        cache.buffer.base(),
+        LENGTHS.len(),
+        cache.prefix.share_count()
     );
-    let base = cache.buffer.base();
+    let served =
+        cuda_vmm::scope(|s| Ok(cache.serve(s, &context, &work, &kernel, &done, &mut outputs)))?;
+    served?;
 
-    // Eight sequences of different lengths, appended to in turns, as a batch decodes.
-    let lengths = [40, 7, 120, 33, 64, 1, 90, 16];
-    let ids: Vec<usize> = lengths
-        .iter()
-        .map(|_| cache.start())
-        .collect::<Option<_>>()
-        .ok_or("no free slot")?;
-    for step in 0..*lengths.iter().max().unwrap_or(&0) {
-        for (&id, &len) in ids.iter().zip(&lengths) {
-            if step < len {
-                cache.append(id)?;
-            }
-        }
+    let (stats, prefix) = (cache.buffer.stats(), cache.prompts.stats());
+    for (what, s) in [("cache pages", stats), ("prefix mappings", prefix)] {
+        println!(
+            "  {what}: {} cuMemMap, {} cuMemUnmap, {} cuMemSetAccess, {} retired, {} events recorded",
+            s.map_calls, s.unmap_calls, s.set_access_calls, s.pages_retired, s.events_recorded
+        );
     }
-    cache.report("after 8 sequences");
-    for &id in &ids {
-        cache.verify(id)?;
-    }
-
-    // Sequences 2 and 5 end in the middle of the batch: their memory is released at once.
-    let (free_full, _) = context.memory_info()?;
-    let released = cache.end(ids[2])? + cache.end(ids[5])?;
-    let (free_after_end, _) = context.memory_info()?;
+    let sequences = LENGTHS.len() as u64;
     check(
-        free_after_end.checked_sub(free_full) == Some(released),
-        &format!("  ending 2 sequences released their {released} B of memory, to the byte"),
+        stats.set_access_calls == stats.pages_mapped
+            && stats.pages_retired == stats.pages_mapped
+            && stats.events_recorded == sequences
+            && (prefix.pages_retired, prefix.events_recorded) == (sequences, sequences)
+            && cache.prefix.share_count() == 1,
+        "  one cuMemSetAccess per page mapped, every page and prefix mapping retired, one event \
+         per retire (one stream); the prefix's last share is the cache's own handle",
     )?;
-    for (i, &id) in ids.iter().enumerate() {
-        if i != 2 && i != 5 {
-            cache.verify(id)?;
-        }
+    let (mut got, mut expected) = (Vec::new(), Vec::new());
+    for (id, (&len, output)) in LENGTHS.iter().zip(&outputs).enumerate() {
+        let first = prefix_token(id, page) / 4;
+        let source = &prompt[first..first + n];
+        got.extend_from_slice(output);
+        expected.extend(
+            (1..=u32::try_from(len)?).flat_map(|k| source.iter().map(move |v| v.wrapping_add(k))),
+        );
     }
-    println!("  the other 6 sequences kept their bytes and addresses");
-
-    // New sequences take the freed slots (the lowest free slot first) and grow there.
-    let reused: Vec<usize> = (0..2)
-        .map(|_| cache.start())
-        .collect::<Option<_>>()
-        .ok_or("no free slot")?;
-    check(
-        reused == [ids[2], ids[5]],
-        "  the new sequences reuse the freed slots",
-    )?;
-    for _ in 0..50 {
-        for &id in &reused {
-            cache.append(id)?;
-        }
-    }
-    for &id in ids.iter().chain(&reused) {
-        cache.verify(id)?;
-    }
-    cache.report("after reusing 2 slots");
-    check(
-        cache.buffer.base() == base,
-        "  the base address never changed",
-    )?;
-    let stats = cache.buffer.stats();
-    check(
-        stats.set_access_calls == stats.pages_mapped,
-        &format!(
-            "  one cuMemSetAccess per page mapped ({} grants for {} pages, {} tokens written)",
-            stats.set_access_calls, stats.pages_mapped, cache.tokens_written
-        ),
+    verify(
+        "  every token the kernels wrote (the prefix token + 1, + 2, ...)",
+        &got,
+        &expected,
     )?;
 
     drop(cache);
@@ -135,127 +140,241 @@ fn run() -> ExampleResult {
     )
 }
 
-/// A sequence's place in the cache: its slot, and how many tokens it holds.
-struct Sequence {
-    slot: usize,
-    tokens: usize,
-    /// A seed for the sequence's token bytes, so that reads can be checked.
-    seed: u32,
-}
-
-/// The cache: one buffer, a slot per sequence. Owned outright: it could live in a server's state.
+/// The cache: the sequences' tokens, a slot each, and the shared prompt prefix. Owned outright: it
+/// could live in a server's state.
 struct KvCache {
+    /// The tokens: slot `id` of `slot_bytes` for sequence `id`, pages mapped as it grows.
     buffer: VirtualBuffer<ReadWrite>,
+    /// The prefix, mapped read-only at page `id` for sequence `id`.
+    prompts: VirtualBuffer<ReadOnly>,
+    prefix: SharedPage,
     device: Device,
     page: usize,
     slot_bytes: usize,
-    sequences: Vec<Option<Sequence>>,
-    next_seed: u32,
-    tokens_written: usize,
+}
+
+/// A sequence being decoded, inside the scope.
+struct Decoding<'scope> {
+    id: usize,
+    tokens: usize,
+    /// The bytes mapped in its slot, from the slot's start.
+    mapped: usize,
+    /// Its last token, as the kernel that wrote it returned it.
+    last: Option<DeviceInFlight<'scope, u32>>,
+    /// Where each of its tokens is downloaded, in order.
+    out: ChunksMut<'scope, u32>,
 }
 
 impl KvCache {
-    fn new(device: Device, page: usize) -> ExampleResult<KvCache> {
+    fn new(device: Device, page: usize, prompt: &[u32]) -> ExampleResult<KvCache> {
         let slot_bytes = align_size(BUDGET / SLOTS, page)?;
+        let prefix = SharedPage::new(device, page)?;
+        // Written once, through a read-write mapping of its own, which then goes: the read-only
+        // mappings below hold the page.
+        let mut writer = VirtualBuffer::new(page, &[device], ReadWrite)?;
+        writer.map_shared(0, &prefix)?;
+        writer.slice_bytes_mut::<u32>(..)?.copy_from_host(prompt)?;
+        writer.free()?;
+        // Mapped before the scope: inside it, a `ScopedBuffer` maps new pages but no shares.
+        let prompts = VirtualBuffer::new(SLOTS * page, &[device], ReadOnly)?;
+        for id in 0..LENGTHS.len() {
+            prompts.map_shared(id * page, &prefix)?;
+        }
         Ok(KvCache {
             buffer: VirtualBuffer::new(slot_bytes * SLOTS, &[device], ReadWrite)?,
+            prompts,
+            prefix,
             device,
             page,
             slot_bytes,
-            sequences: (0..SLOTS).map(|_| None).collect(),
-            next_seed: 1,
-            tokens_written: 0,
         })
     }
 
-    /// Starts a sequence in the lowest free slot; its id is the slot. Maps nothing yet.
-    fn start(&mut self) -> Option<usize> {
-        let slot = self.sequences.iter().position(Option::is_none)?;
-        let seed = self.next_seed;
-        self.next_seed += 1;
-        self.sequences[slot] = Some(Sequence {
-            slot,
-            tokens: 0,
-            seed,
-        });
-        Some(slot)
-    }
-
-    /// Appends one token to sequence `id`, mapping a new page into its slot when the token crosses
-    /// into bytes not mapped yet.
-    fn append(&mut self, id: usize) -> ExampleResult {
-        let sequence = self.sequences[id].as_mut().ok_or("no such sequence")?;
-        let start = sequence.slot * self.slot_bytes + sequence.tokens * TOKEN_BYTES;
-        let end = start + TOKEN_BYTES;
-        if end > (sequence.slot + 1) * self.slot_bytes {
-            return Err("the sequence is longer than its slot".into());
-        }
-        let slot_start = sequence.slot * self.slot_bytes;
-        let token = token_bytes(sequence.seed, sequence.tokens);
-        sequence.tokens += 1;
-        // Pages are mapped from the slot's start; map another where the token reaches past them.
-        let mut mapped_end = slot_start + (start - slot_start).div_ceil(self.page) * self.page;
-        while end > mapped_end {
-            self.buffer.map_page(mapped_end, self.device, self.page)?;
-            mapped_end += self.page;
-        }
-        self.buffer
-            .slice_bytes_mut::<u32>(start..end)?
-            .copy_from_host(&token)?;
-        self.tokens_written += 1;
-        Ok(())
-    }
-
-    /// Reads back every token of sequence `id` and compares.
-    fn verify(&self, id: usize) -> ExampleResult {
-        let sequence = self.sequences[id].as_ref().ok_or("no such sequence")?;
-        let start = sequence.slot * self.slot_bytes;
-        let got = self
-            .buffer
-            .slice_bytes::<u32>(start..start + sequence.tokens * TOKEN_BYTES)?
-            .to_vec()?;
-        let expected: Vec<u32> = (0..sequence.tokens)
-            .flat_map(|t| token_bytes(sequence.seed, t))
+    /// The decode loop, in the scope `s`: each step queues a kernel per sequence, maps a page for
+    /// each whose next token needs one and retires the slots of those that finish.
+    fn serve<'scope>(
+        &'scope mut self,
+        s: &'scope Scope<'scope, '_>,
+        context: &Context,
+        work: &'scope Stream,
+        kernel: &'scope Function<'_>,
+        done: &Event,
+        outputs: &'scope mut [PinnedBuffer<u32>],
+    ) -> ExampleResult {
+        let (device, page, slot_bytes) = (self.device, self.page, self.slot_bytes);
+        let (kv, prefixes) = (self.buffer.in_scope(s), self.prompts.in_scope(s));
+        let w = s.on(work);
+        let mut sequences: Vec<Decoding<'scope>> = outputs
+            .iter_mut()
+            .enumerate()
+            .map(|(id, out)| Decoding {
+                id,
+                tokens: 0,
+                mapped: 0,
+                last: None,
+                out: out.chunks_mut(TOKEN_BYTES / 4),
+            })
             .collect();
-        if got == expected {
-            Ok(())
-        } else {
-            verify(&format!("sequence {id}"), &got, &expected)
+        let free_mib = || context.memory_info().map(|(free, _)| free >> 20);
+        let late = JOINS_AT.iter().filter(|&&at| at > 0).count();
+        println!(
+            "  step  0: {} sequences start ({late} join later); free {} MiB",
+            LENGTHS.len() - late,
+            free_mib()?
+        );
+        let (started, mut longest, mut step, mut kernels) = (Instant::now(), Duration::ZERO, 0, 0);
+        while sequences.iter().any(|d| d.tokens < LENGTHS[d.id]) {
+            let step_started = Instant::now();
+            for seq in &mut sequences {
+                let (slot, len) = (seq.id * slot_bytes, LENGTHS[seq.id]);
+                if JOINS_AT[seq.id] > step || seq.tokens == len {
+                    continue;
+                }
+                if seq.tokens == 0 && step > 0 {
+                    println!(
+                        "  step {step:2}: sequence {} joins; free {} MiB",
+                        seq.id,
+                        free_mib()?
+                    );
+                }
+                if seq.tokens * TOKEN_BYTES == seq.mapped {
+                    kv.map_page(slot + seq.mapped, device, page)?; // beside the running kernels
+                    seq.mapped += page;
+                }
+                let at = slot + seq.tokens * TOKEN_BYTES;
+                let mut token = kv.write::<u32>(at..at + TOKEN_BYTES)?;
+                let written = if let Some(previous) = seq.last {
+                    decode(w, kernel, &mut token, (previous, previous.len()))?
+                } else {
+                    let from = seq.id * page + prefix_token(seq.id, page);
+                    let prefix = prefixes.read::<u32>(from..from + TOKEN_BYTES)?;
+                    decode(w, kernel, &mut token, (prefix, prefix.len()))?
+                };
+                w.copy_to_host(seq.out.next().ok_or("more tokens than outputs")?, written)?;
+                seq.last = Some(written);
+                seq.tokens += 1;
+                kernels += 1;
+                if seq.tokens < len {
+                    continue;
+                }
+                let pages = kv.retire(slot..slot + slot_bytes)?; // returns at once
+                prefixes.retire(seq.id * page..(seq.id + 1) * page)?;
+                println!(
+                    "  step {step:2}: sequence {} done ({len} tokens): {pages} page(s) and its \
+                     prefix mapping retired; free {} MiB, {} MiB mapped, {} MiB of it retired",
+                    seq.id,
+                    free_mib()?,
+                    kv.mapped_bytes() >> 20,
+                    kv.retired_bytes() >> 20
+                );
+                let refused = kv.read::<u32>(slot..slot + 4);
+                if !matches!(refused, Err(Error::PageRange { .. })) {
+                    return Err(format!("a view of a retired slot was lent: {refused:?}").into());
+                }
+            }
+            longest = longest.max(step_started.elapsed());
+            step += 1;
         }
-    }
+        w.record(done)?;
+        let queued = started.elapsed();
+        check(
+            !done.is_complete()?,
+            &format!(
+                "  {step} steps queued in {:.1} ms (the longest {:.2} ms), {kernels} kernels of \
+                 {} ms each: the device is still running them, so no step waited for it",
+                queued.as_secs_f64() * 1e3,
+                longest.as_secs_f64() * 1e3,
+                SPIN_NS / 1_000_000
+            ),
+        )?;
 
-    /// Ends sequence `id`: unmaps its slot's pages and releases their memory. Returns the bytes
-    /// released.
-    fn end(&mut self, id: usize) -> ExampleResult<usize> {
-        let sequence = self.sequences[id].take().ok_or("no such sequence")?;
-        let start = sequence.slot * self.slot_bytes;
-        let before = self.buffer.mapped_bytes();
-        let pages = self.buffer.unmap(start..start + self.slot_bytes)?;
-        let released = before - self.buffer.mapped_bytes();
-        println!(
-            "  ended sequence {id} ({} tokens): {pages} page(s), {released} B unmapped and released",
-            sequence.tokens
-        );
-        Ok(released)
-    }
-
-    fn report(&self, when: &str) {
-        let stats = self.buffer.stats();
-        let live = self.sequences.iter().flatten().count();
-        println!(
-            "  {when}: {live} sequences, {} pages, {} MiB mapped of a {} GiB budget; calls: \
-             {} cuMemMap, {} cuMemUnmap, {} cuMemSetAccess",
-            self.buffer.pages().len(),
-            self.buffer.mapped_bytes() >> 20,
-            self.buffer.budget() >> 30,
-            stats.map_calls,
-            stats.unmap_calls,
-            stats.set_access_calls
-        );
+        release_retired(context, kv, prefixes, started)
     }
 }
 
-/// The bytes of token `t` of the sequence with `seed`, as `u32`s.
-fn token_bytes(seed: u32, t: usize) -> Vec<u32> {
-    pattern(TOKEN_BYTES / 4, (seed << 16) ^ t as u32)
+/// With nothing left to queue, reclaims the retired pages of `kv` and `prefixes` as the device
+/// passes each retire (`reclaim` waits for nothing), and checks that free memory rises by the
+/// retired pages' bytes.
+fn release_retired(
+    context: &Context,
+    kv: ScopedBuffer<'_, ReadWrite>,
+    prefixes: ScopedBuffer<'_, ReadOnly>,
+    started: Instant,
+) -> ExampleResult {
+    let (free_start, _) = context.memory_info()?;
+    let retired = kv.retired_bytes();
+    while kv.retired_bytes() + prefixes.retired_bytes() > 0 {
+        let (pages, mappings) = (kv.reclaim()?, prefixes.reclaim()?);
+        if pages + mappings > 0 {
+            println!(
+                "  +{:5.1} ms: {pages} page(s) and {mappings} prefix mapping(s) released; free {} MiB",
+                started.elapsed().as_secs_f64() * 1e3,
+                context.memory_info()?.0 >> 20
+            );
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err("retired pages not released after 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (free_end, _) = context.memory_info()?;
+    check(
+        free_end.checked_sub(free_start) == Some(retired),
+        &format!(
+            "  free memory rose by the retired pages' {} MiB, to the byte, in the open scope",
+            retired >> 20
+        ),
+    )
+}
+
+/// Queues one decode step: `spin_add_one(token, source, n, SPIN_NS)`, which spins, then writes
+/// `token[i] = source[i] + 1`; `source` (the shared prefix's `BufferRead`, or the previous token's
+/// `DeviceInFlight`) holds `source_len` values. Returns the written token, for the next step.
+fn decode<'scope>(
+    work: ScopedStream<'scope>,
+    kernel: &'scope Function<'_>,
+    token: &mut Rewritable<'scope, u32>,
+    (source, source_len): (
+        impl KernelArg<'scope, Output = ()> + ScopedRead<'scope, u32>,
+        usize,
+    ),
+) -> cuda_vmm::Result<DeviceInFlight<'scope, u32>> {
+    let n = token.len();
+    if source_len != n {
+        return Err(Error::LengthMismatch {
+            expected: n,
+            found: source_len,
+        });
+    }
+    let n32 = u32::try_from(n).map_err(|_| Error::Overflow {
+        what: "token length",
+    })?;
+    // SAFETY: `spin_add_one(u32 *dst, const u32 *src, u32 n, u64 ns)` takes these four arguments in
+    // this order (each view as its u64 device address). It writes `dst[0..n)` only and reads
+    // `src[0..n)` only, and both views hold `n` values (checked above).
+    let (written, (), (), ()) =
+        unsafe { work.launch(kernel, GRID, BLOCK, (token, source, n32, SPIN_NS))? };
+    Ok(written)
+}
+
+/// The byte offset, inside the prefix page, of the prefix token sequence `id` starts from.
+fn prefix_token(id: usize, page: usize) -> usize {
+    id % (page / TOKEN_BYTES) * TOKEN_BYTES
+}
+
+/// Maps a page, runs the kernel on it in a scope and retires it: the first mapping, launch and
+/// event of a process may set up driver bookkeeping that stays, so free memory is measured after.
+fn warm_up(device: Device, kernel: &Function<'_>, work: &Stream, page: usize) -> ExampleResult {
+    let mut buffer = VirtualBuffer::new(page, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    cuda_vmm::scope(|s| {
+        let (w, kv) = (s.on(work), buffer.in_scope(s));
+        let zeroed = w.memset(&mut kv.write::<u32>(..page / 2)?, 0)?;
+        let mut rest = kv.write(page / 2..)?;
+        decode(w, kernel, &mut rest, (zeroed, zeroed.len()))?;
+        kv.retire(..)?;
+        Ok(())
+    })?;
+    buffer.free()?;
+    Ok(())
 }
