@@ -255,6 +255,7 @@ fn run() -> BenchResult<()> {
     let mut rows = Vec::new();
     if std::env::args().nth(1).as_deref() == Some("motion") {
         motion_rows(ctx, g, &mut rows)?;
+        graph_rows(ctx, &mut rows)?;
         return report(&device.name()?, devices.len(), &rows, &[]);
     }
 
@@ -297,6 +298,7 @@ fn run() -> BenchResult<()> {
     let mut not_run = Vec::new();
     owned_rows(ctx, g, &mut rows, &mut not_run)?;
     motion_rows(ctx, g, &mut rows)?;
+    graph_rows(ctx, &mut rows)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
     host_and_ipc(ctx, &mut rows, &mut not_run)?;
     #[cfg(feature = "cudarc")]
@@ -2420,5 +2422,190 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
     second.free()?;
     first.free()?;
     page.release()?;
+    Ok(())
+}
+
+/// The raw graph calls, declared with integer results.
+mod raw_graph {
+    use core::ffi::c_void;
+
+    unsafe extern "C" {
+        pub(crate) fn cuStreamBeginCapture_v2(stream: *mut c_void, mode: u32) -> u32;
+        pub(crate) fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -> u32;
+        pub(crate) fn cuGraphInstantiateWithFlags(
+            exec: *mut *mut c_void,
+            graph: *mut c_void,
+            flags: u64,
+        ) -> u32;
+        pub(crate) fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> u32;
+        pub(crate) fn cuGraphExecDestroy(exec: *mut c_void) -> u32;
+        pub(crate) fn cuGraphDestroy(graph: *mut c_void) -> u32;
+    }
+}
+
+/// Splits `view` into `parts` views of `each` values.
+fn chunks(
+    mut view: cuda_vmm::DeviceSliceMut<'_, u32>,
+    parts: usize,
+    each: usize,
+) -> BenchResult<Vec<cuda_vmm::DeviceSliceMut<'_, u32>>> {
+    let mut out = Vec::with_capacity(parts);
+    for _ in 1..parts {
+        let (head, rest) = view.split_at_mut(each)?;
+        out.push(head);
+        view = rest;
+    }
+    out.push(view);
+    Ok(out)
+}
+
+/// Graph rows: a graph of 64 small operations (32 memsets of 4 KiB, each read by a `spin_add_one`
+/// launch of 1024 values that does not spin), replayed once in a scope, against the same operations
+/// queued one by one in a scope (a report: what a graph saves); and the same replay against a raw
+/// graph of the same shape captured with raw calls and launched with `cuGraphLaunch` +
+/// `cuStreamSynchronize` (the cost of the safe replay).
+fn graph_rows(ctx: &Context, rows: &mut Vec<Row>) -> BenchResult<()> {
+    const PAIRS: usize = 32;
+    const N: usize = 1024;
+    const REPS: usize = 2000;
+    let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
+    let kernel = module.function(c"spin_add_one")?;
+    let raw_kernel = RawSpin::load(ctx)?;
+    let stream = cuda_vmm::Stream::new(ctx)?;
+    let n32 = u32::try_from(N)?;
+    let zeroed = || DeviceBuffer::<u32>::zeroed(ctx, PAIRS * N);
+    let (mut gx, mut gy, mut qx, mut qy, rx, ry) = (
+        zeroed()?,
+        zeroed()?,
+        zeroed()?,
+        zeroed()?,
+        zeroed()?,
+        zeroed()?,
+    );
+    let mut graph_x = chunks(gx.as_mut_slice(), PAIRS, N)?;
+    let mut graph_y = chunks(gy.as_mut_slice(), PAIRS, N)?;
+    let mut queued_x = chunks(qx.as_mut_slice(), PAIRS, N)?;
+    let mut queued_y = chunks(qy.as_mut_slice(), PAIRS, N)?;
+    let graph = cuda_vmm::stream::Graph::capture(&stream, |c| {
+        for (x, y) in graph_x.iter_mut().zip(graph_y.iter_mut()) {
+            let set = c.memset(&mut *x, 0)?;
+            // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)`, `N` values of each view.
+            unsafe { c.launch(&kernel, (4, 1, 1), (256, 1, 1), (&mut *y, set, n32, 0u64))? };
+        }
+        Ok(())
+    })?;
+    let replay = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph))?;
+        Ok(())
+    };
+    let mut queued = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| {
+            let q = s.on(&stream);
+            for (x, y) in queued_x.iter_mut().zip(queued_y.iter_mut()) {
+                let set = q.memset(&mut *x, 0)?;
+                // SAFETY: as above.
+                unsafe { q.launch(&kernel, (4, 1, 1), (256, 1, 1), (&mut *y, set, n32, 0u64))? };
+            }
+            Ok(())
+        })?;
+        Ok(())
+    };
+    let (safe, raw_t, paired) = race_paired(REPS / 4, replay, &mut queued)?;
+    rows.push(Row {
+        name: "graph of 64 ops replayed in a scope vs queued op by op in a scope (us)".into(),
+        unit: "us",
+        safe: safe * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "report",
+    });
+
+    launch_rows(ctx, &stream, &graph, &raw_kernel, (&rx, &ry), rows)?;
+    drop(graph);
+    Ok(())
+}
+
+/// The graph launch row of [`graph_rows`]: `graph`'s replay in a scope against a raw graph of the
+/// same 64 operations on `rx`/`ry`, captured with raw calls, launched with `cuGraphLaunch` and
+/// waited for with `cuStreamSynchronize`.
+fn launch_rows(
+    ctx: &Context,
+    stream: &cuda_vmm::Stream,
+    graph: &cuda_vmm::stream::Graph<'_>,
+    raw_kernel: &RawSpin,
+    (rx, ry): (&DeviceBuffer<u32>, &DeviceBuffer<u32>),
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    const PAIRS: usize = 32;
+    const N: usize = 1024;
+    const REPS: usize = 2000;
+    let n32 = u32::try_from(N)?;
+    // The raw graph: the same 64 operations on `rx`/`ry`, captured with raw calls.
+    let raw_stream = stream.as_raw().cast::<c_void>();
+    let (x0, y0) = (rx.as_slice().as_raw_ptr(), ry.as_slice().as_raw_ptr());
+    let mut raw_graph = core::ptr::null_mut();
+    let mut exec = core::ptr::null_mut();
+    ctx.bind_to_thread()?;
+    // SAFETY: a live, non-capturing stream of the current context; every address is `N` values of
+    // `rx` or `ry`, alive until the graph is destroyed below (after its last launch, waited for); the
+    // capture is ended, instantiated, and both objects are destroyed once at the end.
+    unsafe {
+        ok(raw_graph::cuStreamBeginCapture_v2(raw_stream, 1))?;
+        for i in 0..PAIRS {
+            let offset = (i * N * 4) as u64;
+            ok(raw_launch::cuMemsetD8Async(
+                x0 + offset,
+                0,
+                N * 4,
+                raw_stream,
+            ))?;
+            raw_kernel.launch(raw_stream, 4, (y0 + offset, x0 + offset, n32, 0))?;
+        }
+        ok(raw_graph::cuStreamEndCapture(
+            raw_stream,
+            &raw mut raw_graph,
+        ))?;
+        ok(raw_graph::cuGraphInstantiateWithFlags(
+            &raw mut exec,
+            raw_graph,
+            0,
+        ))?;
+    }
+    let raw_replay = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        // SAFETY: the instantiated raw graph, on its stream, waited for before the next launch.
+        unsafe {
+            ok(raw_graph::cuGraphLaunch(exec, raw_stream))?;
+            ok(raw::cuStreamSynchronize(raw_stream))
+        }
+    };
+    let replay = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| s.on(stream).launch_graph(graph))?;
+        Ok(())
+    };
+    let (safe, raw_t, paired) = race_paired(REPS, replay, raw_replay)?;
+    let (a, b, calibration) = race_paired(REPS, raw_replay, raw_replay)?;
+    // SAFETY: the raw graph's last launch was waited for; each object destroyed once.
+    unsafe {
+        ok(raw_graph::cuGraphExecDestroy(exec))?;
+        ok(raw_graph::cuGraphDestroy(raw_graph))?;
+    }
+    rows.push(Row {
+        name: "graph launch, raw vs raw (us)".into(),
+        unit: "us",
+        safe: a * 1e6,
+        raw: b * 1e6,
+        paired: Some(calibration),
+        goal: "calibration: ~1",
+    });
+    rows.push(Row {
+        name: "graph launch: scope + launch_graph vs cuGraphLaunch + cuStreamSynchronize, 64 nodes (us)"
+            .into(),
+        unit: "us",
+        safe: safe * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.01",
+    });
     Ok(())
 }

@@ -11,6 +11,7 @@ use super::{BUDGET, BufferStats, PageInfo, VirtualBuffer};
 use crate::device::{Context, Device};
 use crate::error::Error;
 use crate::owned::pages::check_covered;
+use crate::owned::shared::SharedPage;
 use crate::stream::lend::{Origin, Registry, Rewritable, ScopedRead, reachable, sealed};
 use crate::stream::{Scope, Stream};
 use crate::view::{DeviceSlice, Reach, range_bounds};
@@ -167,6 +168,17 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     #[doc(alias = "cuMemSetAccess")]
     pub fn map_page(&self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
         self.buffer.map_page(offset, device, size)
+    }
+
+    /// As [`VirtualBuffer::map_shared`]: maps one more mapping of a shared page at `offset`, while
+    /// the work runs.
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::map_shared`].
+    #[doc(alias = "cuMemMap")]
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn map_shared(&self, offset: usize, page: &SharedPage) -> Result<(), Error> {
+        self.buffer.map_shared(offset, page)
     }
 
     /// The bytes `bytes` (counted from the base) as `T`s, lent for reading to queued work on the
