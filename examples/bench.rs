@@ -2122,6 +2122,7 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
     let raw_kernel = RawSpin::load(ctx)?;
     let stream = cuda_vmm::Stream::new(ctx)?;
     retire_row(ctx, g, &kernel, &raw_kernel, &stream, rows)?;
+    vmm_calls_beside_queued_work(ctx, g, &kernel, &stream)?;
     for (spin_ns, reps) in [(100_000, 40), (0, 400)] {
         decode_row(ctx, g, &kernel, &stream, spin_ns, reps, rows)?;
     }
@@ -2607,5 +2608,124 @@ fn launch_rows(
         paired: Some(paired),
         goal: "safe/raw <= 1.01",
     });
+    Ok(())
+}
+
+/// Not a row but a printed fact, for reading the decode rows: whether each raw VMM call returns
+/// while 50 ms of kernel work is queued on a stream of the same context (work on other memory), or
+/// only once the queue has drained. A call that waits for the device stalls a decode loop for as
+/// long as the host then needs to queue the next step.
+fn vmm_calls_beside_queued_work(
+    ctx: &Context,
+    g: usize,
+    kernel: &cuda_vmm::module::Function<'_>,
+    stream: &cuda_vmm::Stream,
+) -> BenchResult<()> {
+    const QUEUED_NS: u64 = 50_000_000;
+    let device = ctx.device();
+    let mut busy = cuda_vmm::VirtualBuffer::new(g, &[device], ReadWrite)?;
+    busy.grow(device, g)?;
+    let reservation = VirtualReservation::new(g, 0)?;
+    let at = reservation.base();
+    let (prop, desc) = page_props(device);
+    let done = cuda_vmm::Event::new(ctx)?;
+    let n = u32::try_from(g / 8)?;
+    for call in [
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemSetAccess",
+        "cuMemUnmap",
+        "cuMemRelease",
+    ] {
+        let mut handle = 0u64;
+        let mut result: BenchResult<(std::time::Duration, bool)> =
+            Ok((std::time::Duration::ZERO, false));
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(stream), busy.in_scope(s));
+            let (mut src, mut dst) = (kv.write::<u32>(..g / 2)?, kv.write::<u32>(g / 2..)?);
+            let zeroed = w.memset(&mut src, 0)?;
+            ctx.bind_to_thread()?;
+            // The calls before the one measured, outside the timed part.
+            let mut before = |upto: &str| -> BenchResult<()> {
+                // SAFETY: as in `retire_row`'s raw side: a fresh allocation mapped over the whole,
+                // unmapped reservation, granted, unmapped and released in that order, once each.
+                unsafe {
+                    for step in ["cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap"] {
+                        if step == upto {
+                            break;
+                        }
+                        match step {
+                            "cuMemCreate" => {
+                                ok(raw::cuMemCreate(&raw mut handle, g, &raw const prop, 0))?;
+                            }
+                            "cuMemMap" => ok(raw::cuMemMap(at, g, 0, handle, 0))?,
+                            "cuMemSetAccess" => ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?,
+                            _ => ok(raw::cuMemUnmap(at, g))?,
+                        }
+                    }
+                }
+                Ok(())
+            };
+            result = before(call).and_then(|()| {
+                // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)`, `n` values of each view.
+                unsafe {
+                    w.launch(
+                        kernel,
+                        (64, 1, 1),
+                        (256, 1, 1),
+                        (&mut dst, zeroed, n, QUEUED_NS),
+                    )?
+                };
+                w.record(&done)?;
+                let started = Instant::now();
+                // SAFETY: the measured call, on the allocation and range the calls before made.
+                unsafe {
+                    match call {
+                        "cuMemCreate" => {
+                            ok(raw::cuMemCreate(&raw mut handle, g, &raw const prop, 0))?;
+                        }
+                        "cuMemMap" => ok(raw::cuMemMap(at, g, 0, handle, 0))?,
+                        "cuMemSetAccess" => ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?,
+                        "cuMemUnmap" => ok(raw::cuMemUnmap(at, g))?,
+                        _ => ok(raw::cuMemRelease(handle))?,
+                    }
+                }
+                Ok((started.elapsed(), done.is_complete()?))
+            });
+            Ok(())
+        })?;
+        // The rest of the lifecycle, after the scope's wait, so every run starts unmapped.
+        ctx.bind_to_thread()?;
+        // SAFETY: finishes the lifecycle the calls above began, each call once.
+        unsafe {
+            let after: &[&str] = match call {
+                "cuMemCreate" => &["cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"],
+                "cuMemMap" => &["cuMemSetAccess", "cuMemUnmap", "cuMemRelease"],
+                "cuMemSetAccess" => &["cuMemUnmap", "cuMemRelease"],
+                "cuMemUnmap" => &["cuMemRelease"],
+                _ => &[],
+            };
+            for step in after {
+                match *step {
+                    "cuMemMap" => ok(raw::cuMemMap(at, g, 0, handle, 0))?,
+                    "cuMemSetAccess" => ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?,
+                    "cuMemUnmap" => ok(raw::cuMemUnmap(at, g))?,
+                    _ => ok(raw::cuMemRelease(handle))?,
+                }
+            }
+        }
+        let (took, drained) = result?;
+        println!(
+            "fact: {call} with 50 ms of kernel queued on the context returned after {:.1} us; the \
+             queue had {}",
+            took.as_secs_f64() * 1e6,
+            if drained {
+                "DRAINED (the call waited for the device)"
+            } else {
+                "not drained"
+            }
+        );
+    }
+    busy.free()?;
     Ok(())
 }
