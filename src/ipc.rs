@@ -148,7 +148,7 @@ impl HandleKind for Fabric {
 /// ```
 ///
 /// Host memory is never shareable here: the driver refuses a handle type for
-/// [`Location::Host`](crate::vmm::Location::Host), and a [`HostAllocation`](crate::host::HostAllocation), whose
+/// [`Location::Host`], and a [`HostAllocation`](crate::host::HostAllocation), whose
 /// bytes the CPU borrows as Rust slices, must not be written by another process meanwhile.
 pub struct ShareableAllocation<K: HandleKind = PosixFd> {
     memory: PhysicalAllocation,
