@@ -517,7 +517,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// the range would cut in two is not, nor a retired page whose work has not finished.
     ///
     /// The pages' addresses become free for new pages; the other pages keep their addresses and their
-    /// bytes.
+    /// bytes. Evicted ranges inside the range hold no page and stay evicted.
     ///
     /// # Errors
     /// Before any driver call: [`Error::OutOfBounds`] for a range outside the budget,

@@ -513,7 +513,9 @@ impl VirtualBuffer<ReadWrite> {
                     });
                 if let Err(error) = index {
                     drop(table);
-                    self.undo_restore(evicted.pieces.get(..mapped).unwrap_or_default());
+                    // The refused piece too: where undoing its grant failed, its page stayed.
+                    let tried = mapped.saturating_add(1);
+                    self.undo_restore(evicted.pieces.get(..tried).unwrap_or(&evicted.pieces));
                     return Err(error);
                 }
                 mapped = mapped.saturating_add(1);
