@@ -50,12 +50,18 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use crate::device::Device;
 use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::sys;
-use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
+use crate::vmm::physical::{
+    AllocationOptions, HandleKinds, Location, PhysicalAllocation, check_multiple,
+};
 
 // The wire format of an `ExportInfo` (`to_bytes`, `from_bytes`) and its checks.
 mod message;
 // The Unix transport of an `ExportedAllocation`: `SCM_RIGHTS` over a socket, `pidfd_getfd`.
 mod unix;
+// A whole `VirtualBuffer`'s pages in one message: `BufferInfo`'s wire format and `ExportedBuffer`.
+mod buffer;
+
+pub use buffer::{BufferInfo, BufferPiece, ExportedBuffer};
 
 mod sealed {
     pub trait Sealed {}
@@ -142,7 +148,7 @@ impl HandleKind for Fabric {
 /// ```
 ///
 /// Host memory is never shareable here: the driver refuses a handle type for
-/// [`Location::Host`](crate::vmm::Location::Host), and a [`HostAllocation`](crate::host::HostAllocation), whose
+/// [`Location::Host`], and a [`HostAllocation`](crate::host::HostAllocation), whose
 /// bytes the CPU borrows as Rust slices, must not be written by another process meanwhile.
 pub struct ShareableAllocation<K: HandleKind = PosixFd> {
     memory: PhysicalAllocation,
@@ -213,6 +219,64 @@ impl<K: HandleKind> ShareableAllocation<K> {
     pub fn release(self) -> Result<()> {
         self.memory.release()
     }
+
+    /// The allocation itself, still shareable as `K` (its options keep the handle kind), for the
+    /// owners that take a [`PhysicalAllocation`] by value: an owned mapping
+    /// ([`SharedReservation::map`](crate::owned::SharedReservation::map)) or a shared page of a
+    /// buffer ([`SharedPage::from_allocation`](crate::owned::SharedPage::from_allocation), then
+    /// [`VirtualBuffer::map_shared`](crate::VirtualBuffer::map_shared)). No driver call.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::ipc::{PosixFd, ShareableAllocation};
+    /// use cuda_vmm::owned::SharedReservation;
+    /// use cuda_vmm::Device;
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let memory = ShareableAllocation::<PosixFd>::new(Device::get(0)?, 2 << 20)?;
+    /// let exported = memory.export()?; // before it moves into the mapping
+    /// let mapping = SharedReservation::new(2 << 20, 0)?.map(0, memory.into_allocation())?;
+    /// # drop((exported, mapping));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn into_allocation(self) -> PhysicalAllocation {
+        self.memory
+    }
+
+    /// `memory` as shareable memory, where it was created (or imported) exportable as `K` and is
+    /// device memory; otherwise `memory` back, unchanged. No driver call.
+    ///
+    /// # Errors
+    /// `memory`, where its options lack the handle kind or it is not device memory.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::ipc::{PosixFd, ShareableAllocation};
+    /// use cuda_vmm::{Device, PhysicalAllocation};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let plain = PhysicalAllocation::new(Device::get(0)?, 2 << 20)?;
+    /// assert!(ShareableAllocation::<PosixFd>::from_allocation(plain).is_err()); // not exportable
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_allocation(
+        memory: PhysicalAllocation,
+    ) -> Result<ShareableAllocation<K>, PhysicalAllocation> {
+        let kinds = memory.options().handle_kinds();
+        match memory.location() {
+            Location::Device(device) if kinds.contains(HandleKinds::from_raw(K::RAW)) => {
+                Ok(ShareableAllocation {
+                    memory,
+                    device,
+                    _kind: PhantomData,
+                })
+            }
+            _ => Err(memory),
+        }
+    }
 }
 
 impl<K: HandleKind> Deref for ShareableAllocation<K> {
@@ -235,25 +299,7 @@ impl ShareableAllocation<PosixFd> {
     /// another file descriptor).
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export(&self) -> Result<ExportedAllocation, Error> {
-        let mut fd: c_int = -1;
-        // SAFETY: for a POSIX file descriptor, the driver writes one `int` through `shareable`: `fd` is
-        // a live, writable `c_int`. The handle is this allocation's, alive for the call; flags must be 0.
-        check(unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&raw mut fd).cast::<c_void>(),
-                self.memory.as_raw(),
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
-        if fd < 0 {
-            return Err(Error::InvalidMessage {
-                what: "the driver exported no file descriptor",
-            });
-        }
-        // SAFETY: the driver has just opened `fd` for this export and handed it to the caller: it is
-        // open, and nothing else in this process owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = export_fd(&self.memory)?;
         let info = ExportInfo::new(
             self.memory.size(),
             self.device.ordinal(),
@@ -261,6 +307,30 @@ impl ShareableAllocation<PosixFd> {
         )?;
         Ok(ExportedAllocation { fd, info })
     }
+}
+
+/// `cuMemExportToShareableHandle` of `memory` as a new POSIX file descriptor, owned by the caller.
+/// The driver refuses memory created without the POSIX handle type.
+pub(crate) fn export_fd(memory: &PhysicalAllocation) -> Result<OwnedFd, Error> {
+    let mut fd: c_int = -1;
+    // SAFETY: for a POSIX file descriptor, the driver writes one `int` through `shareable`: `fd` is
+    // a live, writable `c_int`. The handle is `memory`'s, alive for the call; flags must be 0.
+    check(unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut fd).cast::<c_void>(),
+            memory.as_raw(),
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    if fd < 0 {
+        return Err(Error::InvalidMessage {
+            what: "the driver exported no file descriptor",
+        });
+    }
+    // SAFETY: the driver has just opened `fd` for this export and handed it to the caller: it is
+    // open, and nothing else in this process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// What an importer needs besides the file descriptor: the allocation's size (which an imported handle
@@ -405,47 +475,76 @@ impl ExportedAllocation {
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn import(&self) -> Result<PhysicalAllocation, Error> {
         let info = self.info;
-        let device = Device::get(info.device_ordinal())?;
-        let options = AllocationOptions::device(device)
-            .with_handle_types(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        let granularity = options.minimum_granularity_cached()?;
-        if granularity != info.granularity {
-            return Err(Error::InvalidMessage {
-                what: "the exporter's granularity differs from the device's here",
-            });
-        }
-        check_multiple("shared allocation size", info.size, granularity)?;
-        // An open descriptor is never negative.
-        let fd = usize::try_from(self.fd.as_raw_fd()).map_err(|_| Error::InvalidArgument {
-            what: "file descriptor",
-        })?;
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` is writable for the call. For a POSIX file descriptor the driver takes the
-        // descriptor's value itself in the pointer argument (it dereferences nothing); the descriptor
-        // is open, owned by `self`, for the whole call.
-        check(unsafe {
-            sys::cuMemImportFromShareableHandle(
-                &raw mut handle,
-                core::ptr::without_provenance_mut::<c_void>(fd),
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        })?;
-        // Owned from here on: every error below releases it.
-        let memory = PhysicalAllocation::from_imported(handle, info.size, granularity, options);
-        let location = properties(&memory)?.location;
-        if location.type_ != sys::CU_MEM_LOCATION_TYPE_DEVICE {
-            return Err(Error::InvalidMessage {
-                what: "the shared memory is not device memory",
-            });
-        }
-        if location.id != device.as_raw() {
-            return Err(Error::DeviceMismatch {
-                expected: device.as_raw(),
-                found: location.id,
-            });
-        }
-        Ok(memory)
+        import_fd(
+            self.fd.as_fd(),
+            info.size,
+            info.device_ordinal(),
+            info.granularity,
+        )
     }
+}
+
+/// Checks a description of shared memory against this process's driver before any import: that
+/// `device_ordinal` names a device here, that its minimum granularity for POSIX-shareable memory is
+/// `granularity`, and that `size` is a multiple of it. The device and the options of the import.
+pub(crate) fn check_importable(
+    size: usize,
+    device_ordinal: usize,
+    granularity: usize,
+) -> Result<(Device, AllocationOptions), Error> {
+    let device = Device::get(device_ordinal)?;
+    let options = AllocationOptions::device(device)
+        .with_handle_types(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    let here = options.minimum_granularity_cached()?;
+    if here != granularity {
+        return Err(Error::InvalidMessage {
+            what: "the exporter's granularity differs from the device's here",
+        });
+    }
+    check_multiple("shared allocation size", size, here)?;
+    Ok((device, options))
+}
+
+/// `cuMemImportFromShareableHandle` of `fd`, described as `size` bytes of the device
+/// `device_ordinal` at `granularity` (checked by `check_importable` first); after the import, the
+/// driver's answer for where the memory lives is checked against the description.
+pub(crate) fn import_fd(
+    fd: BorrowedFd<'_>,
+    size: usize,
+    device_ordinal: usize,
+    granularity: usize,
+) -> Result<PhysicalAllocation, Error> {
+    let (device, options) = check_importable(size, device_ordinal, granularity)?;
+    // An open descriptor is never negative.
+    let raw = usize::try_from(fd.as_raw_fd()).map_err(|_| Error::InvalidArgument {
+        what: "file descriptor",
+    })?;
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `handle` is writable for the call. For a POSIX file descriptor the driver takes the
+    // descriptor's value itself in the pointer argument (it dereferences nothing); the descriptor
+    // is open, borrowed for the whole call.
+    check(unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &raw mut handle,
+            core::ptr::without_provenance_mut::<c_void>(raw),
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    })?;
+    // Owned from here on: every error below releases it.
+    let memory = PhysicalAllocation::from_imported(handle, size, granularity, options);
+    let location = properties(&memory)?.location;
+    if location.type_ != sys::CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(Error::InvalidMessage {
+            what: "the shared memory is not device memory",
+        });
+    }
+    if location.id != device.as_raw() {
+        return Err(Error::DeviceMismatch {
+            expected: device.as_raw(),
+            found: location.id,
+        });
+    }
+    Ok(memory)
 }
 
 /// `cuMemGetAllocationPropertiesFromHandle` — the driver's description of `memory`.

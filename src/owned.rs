@@ -40,7 +40,10 @@ mod mapping;
 mod pages;
 mod shared;
 
-pub use buffer::{BufferRead, BufferStats, PageInfo, ScopedBuffer, VirtualBuffer};
+pub use buffer::{
+    BufferRead, BufferStats, Evicted, NotRestored, PageInfo, PageOptions, ScopedBuffer,
+    VirtualBuffer,
+};
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};
 pub use shared::{SharedPage, Unmapped};

@@ -145,6 +145,11 @@ assert_eq_size!(cuda_vmm::owned::SharedPage, usize);
 const _: () = owned_outright::<cuda_vmm::owned::SharedPage>();
 assert_impl_all!(cuda_vmm::owned::Unmapped: Send, Sync);
 assert_not_impl_any!(cuda_vmm::owned::Unmapped: Clone, Copy);
+// Evicted bytes are pinned host memory owned outright, restored once: no copy (a second restore).
+assert_impl_all!(cuda_vmm::owned::Evicted: Send, Sync);
+assert_not_impl_any!(cuda_vmm::owned::Evicted: Clone, Copy);
+assert_impl_all!(cuda_vmm::owned::NotRestored: Send, Sync, std::error::Error);
+assert_impl_all!(cuda_vmm::owned::PageOptions: Send, Sync, Copy);
 // Host memory and memory shared between processes: owned allocations move between threads like any
 // other; the CPU grant is an exclusive borrow of the mapped bytes (`&mut [u8]`), so Send and Sync.
 assert_impl_all!(cuda_vmm::host::HostAllocation: Send, Sync);
@@ -171,6 +176,11 @@ mod shared {
     // release or close.
     assert_not_impl_any!(ShareableAllocation<PosixFd>: Clone, Copy);
     assert_not_impl_any!(ExportedAllocation: Clone, Copy);
+    // A whole buffer's descriptors: owned, never copied (a double close).
+    assert_impl_all!(cuda_vmm::ipc::ExportedBuffer: Send, Sync);
+    assert_not_impl_any!(cuda_vmm::ipc::ExportedBuffer: Clone, Copy);
+    assert_impl_all!(cuda_vmm::ipc::BufferInfo: Send, Sync, Clone);
+    assert_impl_all!(cuda_vmm::ipc::BufferPiece: Send, Sync, Copy);
 }
 // Stream-ordered work: owned streams, events and pinned memory move between threads and are shared
 // by reference (thread-safe driver handles; each binds its context before every call); a copy would

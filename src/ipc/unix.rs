@@ -165,7 +165,8 @@ impl ExportedAllocation {
     }
 }
 
-fn os(what: &'static str, errno: Errno) -> Error {
+/// The kernel's refusal of `what`, as the crate's error.
+pub(super) fn os(what: &'static str, errno: Errno) -> Error {
     Error::Os {
         what,
         errno: errno.raw_os_error(),

@@ -4,7 +4,7 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::{Range, RangeBounds};
-use core::sync::atomic::AtomicUsize;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{Context, Device};
@@ -20,10 +20,14 @@ use crate::vmm::reservation::VirtualReservation;
 use super::pages::{Claims, RETIRED, Span, check_new_range, insertion_point, pages_inside};
 use super::shared::SharedPage;
 
+mod evict;
+mod exportable;
 mod retire;
 mod scoped;
 mod views;
 
+pub use evict::{Evicted, NotRestored};
+pub use exportable::PageOptions;
 pub use scoped::{BufferRead, ScopedBuffer};
 
 /// What a range out of a buffer's bounds is out of, in errors.
@@ -55,6 +59,12 @@ pub struct BufferStats {
     pub pages_retired: u64,
     /// `cuEventRecord` calls of retires: one per stream the retire orders the release after.
     pub events_recorded: u64,
+    /// Pages evicted ([`VirtualBuffer::evict`]): their bytes copied to host memory, then unmapped and
+    /// released (each also counts in `pages_released`).
+    pub pages_evicted: u64,
+    /// Pages restored ([`VirtualBuffer::restore`]): created, mapped and granted again (each also
+    /// counts in `pages_mapped`), their bytes copied back.
+    pub pages_restored: u64,
 }
 
 /// One page of a [`VirtualBuffer`], as [`VirtualBuffer::pages`] lists it.
@@ -178,6 +188,18 @@ struct Table {
     /// Turned by each retire; its parity is the slot of `VirtualBuffer::lending` that admissions
     /// count in.
     generation: usize,
+    /// The byte ranges `[start, end)` of evicted pages, sorted and disjoint, none overlapping a page:
+    /// no view, lend or new page reaches them until [`VirtualBuffer::restore`] maps them again.
+    evicted: Vec<(usize, usize)>,
+}
+
+impl Table {
+    /// The end of the last page or evicted range (0 where there is none).
+    fn end(&self) -> usize {
+        let pages = self.pages.last().map_or(0, Page::end);
+        let evicted = self.evicted.last().map_or(0, |e| e.1);
+        pages.max(evicted)
+    }
 }
 
 /// One retire: its pages (by offset) and an event recorded after the work it waits for, on each
@@ -246,6 +268,12 @@ struct Retiring {
 pub struct VirtualBuffer<M: AccessMode = ReadWrite> {
     base: sys::CUdeviceptr,
     budget: usize,
+    /// Unique among the buffers of the process: an [`Evicted`] handle is restored only into the
+    /// buffer whose id it carries.
+    id: u64,
+    /// What every page this buffer creates is made with (handle kinds, RDMA flag), checked against
+    /// the access set's devices when the buffer was made.
+    options: PageOptions,
     /// The reserved range; `None` only within [`free`](VirtualBuffer::free), once it has been freed.
     /// Declared before `access`, so that it is freed before the contexts are released.
     reservation: Option<VirtualReservation>,
@@ -295,7 +323,17 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// budget that is not a multiple of a device's granularity; the driver's error otherwise.
     #[doc(alias = "cuMemAddressReserve")]
     pub fn new(budget: usize, devices: &[Device], mode: M) -> Result<VirtualBuffer<M>, Error> {
-        let _ = mode;
+        VirtualBuffer::with_options(budget, devices, mode, PageOptions::new())
+    }
+
+    /// `cuMemAddressReserve` of a buffer whose pages are all made with `options`; `new` and
+    /// [`with_options`](VirtualBuffer::with_options) share it, once the options are checked.
+    fn reserve(
+        budget: usize,
+        devices: &[Device],
+        options: PageOptions,
+    ) -> Result<VirtualBuffer<M>, Error> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         if budget == 0 {
             return Err(Error::ZeroSize {
                 what: "address budget",
@@ -304,7 +342,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let access = retain_distinct(devices)?;
         let mut alignment = 0;
         for context in &access {
-            let granularity = granularity(context.device())?;
+            let granularity = options
+                .for_device(context.device())
+                .minimum_granularity_cached()?;
             check_multiple("address budget", budget, granularity)?;
             alignment = alignment.max(granularity);
         }
@@ -312,6 +352,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
         Ok(VirtualBuffer {
             base: reservation.base(),
             budget,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            options,
             reservation: Some(reservation),
             table: Mutex::new(Table::default()),
             lending: [AtomicUsize::new(0), AtomicUsize::new(0)],
@@ -333,11 +375,11 @@ impl<M: AccessMode> VirtualBuffer<M> {
         self.budget
     }
 
-    /// The end of the last page, retired ones included (0 where none is mapped): where
+    /// The end of the last page, retired and evicted ones included (0 where none is mapped): where
     /// [`grow`](VirtualBuffer::grow) maps the next one.
     #[must_use]
     pub fn end(&self) -> usize {
-        self.lock().pages.last().map_or(0, Page::end)
+        self.lock().end()
     }
 
     /// The bytes of physical memory mapped: the sum of the pages' sizes, retired pages included until
@@ -410,7 +452,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// # Errors
     /// Before any driver call: [`Error::ZeroSize`], [`Error::NotAligned`] (offset, size or address
     /// not a multiple of the granularity), [`Error::Overflow`], [`Error::OutOfBounds`] (past the
-    /// budget) and [`Error::PageRange`] (over a mapped or retired page, which the error names). Then
+    /// budget) and [`Error::PageRange`] (over a mapped, retired or evicted page, which the error names). Then
     /// the driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] from `cuMemCreate`. On any error the
     /// buffer is as it was: what was done for the page is undone (the grant, the mapping, the
     /// memory). Where undoing fails too, the error is [`Error::CleanupFailed`]: if `cuMemUnmap`
@@ -483,7 +525,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// the range would cut in two is not, nor a retired page whose work has not finished.
     ///
     /// The pages' addresses become free for new pages; the other pages keep their addresses and their
-    /// bytes.
+    /// bytes. Evicted ranges inside the range hold no page and stay evicted.
     ///
     /// # Errors
     /// Before any driver call: [`Error::OutOfBounds`] for a range outside the budget,
@@ -580,11 +622,13 @@ impl<M: AccessMode> VirtualBuffer<M> {
         device: Device,
         size: usize,
     ) -> Result<usize, Error> {
-        let offset = offset.unwrap_or_else(|| table.pages.last().map_or(0, Page::end));
-        let granularity = granularity(device)?;
+        let offset = offset.unwrap_or_else(|| table.end());
+        let options = self.options.for_device(device);
+        let granularity = options.minimum_granularity_cached()?;
         let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
+        evict::check_not_evicted(&table.evicted, offset, end)?;
         let index = insertion_point(&table.pages, offset, end)?;
-        let memory = PhysicalAllocation::new(device, size)?;
+        let memory = PhysicalAllocation::with_options(size, options)?;
         self.map_at(table, index, offset, Memory::Own(memory), device)?;
         Ok(offset)
     }
@@ -640,6 +684,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             page.size(),
             granularity,
         )?;
+        evict::check_not_evicted(&table.evicted, offset, end)?;
         let index = insertion_point(&table.pages, offset, end)?;
         self.map_at(
             &mut table,

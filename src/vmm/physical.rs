@@ -209,6 +209,13 @@ impl AllocationOptions {
         Ok(granularity)
     }
 
+    /// Checks the options against the location and the device attributes, as
+    /// [`PhysicalAllocation::with_options`] does before `cuMemCreate`, for owners that check once
+    /// what all their allocations will ask for.
+    pub(crate) fn check_supported(&self) -> Result<()> {
+        handles::check_supported(self)
+    }
+
     /// The minimum granularity, asked of the driver once per set of options and then remembered: it is
     /// a fixed property of the device and the options, and `cuMemCreate`'s size check needs it every time.
     pub(crate) fn minimum_granularity_cached(self) -> Result<usize> {

@@ -12,6 +12,7 @@ use crate::view::range_bounds;
 use crate::vmm::access::AccessMode;
 use crate::wait;
 
+use super::evict::check_not_evicted;
 use super::{BUDGET, Page, Retiring, Table, VirtualBuffer, bump};
 use crate::error::check;
 use crate::owned::pages::{RETIRED, Span, check_covered_at, pages_inside};
@@ -279,6 +280,7 @@ impl<M: AccessMode> Tracker for VirtualBuffer<M> {
             what: "view address + size",
         })?;
         let table = self.lock();
+        check_not_evicted(&table.evicted, start, end)?;
         check_covered_at(&table.pages, start, end, epoch)?;
         let slot = table.generation % 2;
         if let Some(count) = self.lending.get(slot) {

@@ -6,6 +6,7 @@ use core::ops::RangeBounds;
 
 use bytemuck::Pod;
 
+use super::evict::check_not_evicted;
 use super::retire::EachStream;
 use super::{BUDGET, BufferStats, PageInfo, VirtualBuffer};
 use crate::device::{Context, Device};
@@ -234,6 +235,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         elements::<T>(start)?;
         let epoch = {
             let mut table = buffer.lock();
+            check_not_evicted(&table.evicted, start, end)?;
             check_covered(&table.pages, start, end)?;
             if write {
                 table.claims.write(start, end)?;

@@ -5,6 +5,7 @@ use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
+use super::evict::check_not_evicted;
 use super::{BUDGET, VirtualBuffer};
 use crate::device::{Context, Device};
 use crate::error::Error;
@@ -19,7 +20,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;
-        check_covered(&self.lock().pages, start, end)?;
+        let table = self.lock();
+        check_not_evicted(&table.evicted, start, end)?;
+        check_covered(&table.pages, start, end)?;
+        drop(table);
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
