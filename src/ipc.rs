@@ -531,7 +531,16 @@ pub(crate) fn import_fd(
         )
     })?;
     // Owned from here on: every error below releases it.
-    let memory = PhysicalAllocation::from_imported(handle, size, granularity, options);
+    // Recorded without a shareable handle kind: the exporter shares the memory, and this process
+    // does not export it again (the driver refused the export of a buffer holding imported pages
+    // with CUDA_ERROR_INVALID_VALUE on an H200), so every export refuses it before any driver call.
+    let _exportable_there = options;
+    let memory = PhysicalAllocation::from_imported(
+        handle,
+        size,
+        granularity,
+        AllocationOptions::device(device),
+    );
     let location = properties(&memory)?.location;
     if location.type_ != sys::CU_MEM_LOCATION_TYPE_DEVICE {
         return Err(Error::InvalidMessage {

@@ -182,8 +182,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///
     /// # Errors
     /// Before any driver call: [`Error::PageRange`] naming a page not created exportable as a POSIX
-    /// file descriptor (a buffer made without [`PageOptions::posix_fd`], or a plain
-    /// [`SharedPage`](crate::owned::SharedPage) mapped into it); [`Error::ZeroSize`] where no page
+    /// file descriptor (a buffer made without [`PageOptions::posix_fd`], a
+    /// [`SharedPage`](crate::owned::SharedPage) whose memory was not created exportable, or a page
+    /// imported from another process, which is not exported again); [`Error::ZeroSize`] where no page
     /// is left to export; [`Error::InvalidArgument`] for more than [`BufferInfo::MAX_PIECES`] pages
     /// (the descriptors of one message). Then the driver's error; the descriptors made so far are
     /// closed.
@@ -218,8 +219,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 return Err(Error::PageRange {
                     start: page.start(),
                     end: page.end(),
-                    problem: "are a page not created exportable as a POSIX file descriptor \
-                              (make the buffer with PageOptions::posix_fd())",
+                    problem: "are a page that is not exportable as a POSIX file descriptor \
+                              (made without PageOptions::posix_fd(), or imported from another \
+                              process, which is not exported again)",
                 });
             }
             pieces.push(BufferPiece::new(
