@@ -25,11 +25,12 @@
 //! let mut grads = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
 //! grads.grow(device, 2 << 20)?;
 //! let mut registered = comm.register(&mut grads, ..2 << 20)?; // ncclCommRegister
+//! let mut view = registered.slice_bytes_mut::<f32>(..2 << 20)?;
 //! comm.scope(|s| -> Result<(), cuda_vmm::Error> {
-//!     let mut view = registered.slice_bytes_mut::<f32>(..2 << 20)?;
 //!     let mut lent = s.lend_mut(&mut view)?;
 //!     s.all_reduce_in_place(&mut lent, ReduceOp::Sum) // queued on the communicator's stream
 //! })?; // waits for the stream: only then does the view's borrow end
+//! drop(view);
 //! drop(registered); // ncclCommDeregister: nothing uses the memory any more
 //! # Ok(())
 //! # }
@@ -445,16 +446,13 @@ impl Comm {
     /// A window cannot be registered while a scope uses the communicator:
     /// ```compile_fail,E0502
     /// # use cuda_vmm::interop::nccl::Comm;
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let stream = cudarc::driver::CudaContext::new(0)?.new_stream()?;
-    /// # let mut comm = Comm::from_devices(&[stream])?.remove(0);
-    /// # let mut memory: cuda_vmm::owned::GrantedMapping = todo!();
-    /// comm.scope(|_s| -> Result<(), cuda_vmm::Error> {
-    ///     let _window = comm.register_window(&mut memory, ..)?; // collective, mid-scope
-    ///     Ok(())
-    /// })?;
-    /// # Ok(())
-    /// # }
+    /// # use cuda_vmm::owned::GrantedMapping;
+    /// fn register_mid_scope(mut comm: Comm, memory: &mut GrantedMapping) -> cuda_vmm::Result<()> {
+    ///     comm.scope(|_s| -> cuda_vmm::Result<()> {
+    ///         let _window = comm.register_window(memory, ..)?; // collective, mid-scope
+    ///         Ok(())
+    ///     })
+    /// }
     /// ```
     pub fn scope<'env, F, R, E>(&'env self, f: F) -> Result<R, E>
     where

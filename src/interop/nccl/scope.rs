@@ -19,7 +19,7 @@ use crate::stream::{ScopedRead, ScopedWrite};
 /// stream, and waits for that stream before the scope returns.
 ///
 /// # Lifetimes
-/// As [`cudarc::Scope`](super::cudarc::Scope): `'scope` is the scope itself (until the stream has been
+/// As [`cudarc::Scope`](crate::interop::cudarc::Scope): `'scope` is the scope itself (until the stream has been
 /// waited for), `'env` what it borrows from outside (the communicator, the views). Both are
 /// invariant.
 pub struct CommScope<'scope, 'env: 'scope> {
@@ -52,19 +52,19 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
     }
 
     /// Lends `view` for reading to the collectives of this scope, as
-    /// [`cudarc::Scope::lend`](super::cudarc::Scope::lend).
+    /// [`cudarc::Scope::lend`](crate::interop::cudarc::Scope::lend).
     ///
     /// # Errors
-    /// As [`cudarc::Scope::lend`](super::cudarc::Scope::lend).
+    /// As [`cudarc::Scope::lend`](crate::interop::cudarc::Scope::lend).
     pub fn lend<T: Pod>(&self, view: impl ScopedRead<'scope, T>) -> Result<Lent<'scope, T>, Error> {
         self.inner.lend(view)
     }
 
     /// Lends `view` for writing, exclusively, to the collectives of this scope, as
-    /// [`cudarc::Scope::lend_mut`](super::cudarc::Scope::lend_mut).
+    /// [`cudarc::Scope::lend_mut`](crate::interop::cudarc::Scope::lend_mut).
     ///
     /// # Errors
-    /// As [`cudarc::Scope::lend_mut`](super::cudarc::Scope::lend_mut).
+    /// As [`cudarc::Scope::lend_mut`](crate::interop::cudarc::Scope::lend_mut).
     pub fn lend_mut<T: Pod>(
         &self,
         view: impl ScopedWrite<'scope, T>,
