@@ -257,6 +257,48 @@ pub enum Error {
         /// What was refused or done, in words.
         what: &'static str,
     },
+    /// NCCL (feature `nccl`) returned an error: `code` is its `ncclResult_t`, read as the integer it
+    /// is (a value this crate does not name prints as unknown, never as undefined behaviour).
+    Nccl {
+        /// The NCCL function, such as `"ncclAllReduce"`.
+        call: &'static str,
+        /// The `ncclResult_t` it returned (never 0, `ncclSuccess`).
+        code: i32,
+    },
+    /// NCCL (feature `nccl`) cannot serve a call: the library cannot be loaded, or the loaded one
+    /// lacks the function (older than the function's NCCL release).
+    NcclUnavailable {
+        /// The NCCL function, such as `"ncclCommWindowRegister"`.
+        call: &'static str,
+        /// Why, in words.
+        why: &'static str,
+    },
+    /// An NCCL call (feature `nccl`) refused before it was made, for a reason NCCL would not check
+    /// or would report only as a hang, a fault or a null handle: memory that is not exportable, a
+    /// second window over registered bytes, a call inside a group that must not be deferred.
+    NcclRefused {
+        /// The NCCL function that was not called, such as `"ncclCommWindowRegister"`.
+        call: &'static str,
+        /// Why, in words.
+        why: &'static str,
+    },
+}
+
+/// The name and meaning of an `ncclResult_t` value, as NCCL 2.28's `nccl.h` names them (8,
+/// `ncclTimeout`, is NCCL 2.29's).
+pub(crate) fn nccl_code_name(code: i32) -> &'static str {
+    match code {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError: a call to CUDA failed",
+        2 => "ncclSystemError: a system call failed",
+        3 => "ncclInternalError: an internal check failed (an NCCL bug or memory corruption)",
+        4 => "ncclInvalidArgument: an argument is invalid",
+        5 => "ncclInvalidUsage: the call is invalid here (a usage error)",
+        6 => "ncclRemoteError: a remote rank or the network failed",
+        7 => "ncclInProgress: the operation is still in progress",
+        8 => "ncclTimeout: the operation timed out",
+        _ => "an ncclResult_t this crate does not name",
+    }
 }
 
 impl Error {
@@ -399,6 +441,13 @@ impl fmt::Display for Error {
                 write!(f, "the stream cannot take this crate's memory: {why}")
             }
             Error::StreamCapturing { what } => write!(f, "a stream is capturing a graph: {what}"),
+            Error::Nccl { call, code } => {
+                write!(f, "{call} failed: {code} {}", nccl_code_name(code))
+            }
+            Error::NcclUnavailable { call, why } => write!(f, "NCCL cannot serve {call}: {why}"),
+            Error::NcclRefused { call, why } => {
+                write!(f, "{call} was not called: {why}")
+            }
         }
     }
 }
@@ -423,6 +472,37 @@ mod tests {
         assert_eq!(first, Err(DriverError::INVALID_VALUE));
         assert_eq!(tried, [0, 1, 0, 2, 0], "every item was tried");
         assert_eq!(first_error([Ok::<(), DriverError>(()), Ok(())]), Ok(()));
+    }
+
+    #[test]
+    fn nccl_errors_print_the_call_and_the_code() {
+        let e = Error::Nccl {
+            call: "ncclAllReduce",
+            code: 5,
+        };
+        assert_eq!(
+            e.to_string(),
+            "ncclAllReduce failed: 5 ncclInvalidUsage: the call is invalid here (a usage error)"
+        );
+        assert_eq!(e.driver(), None);
+        let unknown = Error::Nccl {
+            call: "ncclGroupEnd",
+            code: 77,
+        };
+        assert!(
+            unknown
+                .to_string()
+                .contains("77 an ncclResult_t this crate does not name")
+        );
+        let missing = Error::NcclUnavailable {
+            call: "ncclCommWindowRegister",
+            why: "the loaded NCCL has no such function (it needs NCCL 2.27 or newer)",
+        };
+        assert!(
+            missing
+                .to_string()
+                .starts_with("NCCL cannot serve ncclCommWindowRegister: ")
+        );
     }
 
     #[test]

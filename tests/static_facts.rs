@@ -260,3 +260,21 @@ assert_impl_all!(cuda_vmm::stream::Graph<'static>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Graph<'static>: Clone, Copy);
 assert_not_impl_any!(cuda_vmm::stream::Capture<'static, 'static>: Send, Sync);
 assert_impl_all!(cuda_vmm::stream::KernelNode: Send, Sync, Copy);
+
+// NCCL (feature `nccl`): a communicator stays on the thread that made it, and so do its
+// registrations and windows (NCCL does not allow one communicator to be used from two threads at
+// once, and they use it when dropped); none is copied (each deregisters or destroys once). A unique
+// id is 128 plain bytes, sent to other processes and threads.
+#[cfg(feature = "nccl")]
+mod nccl_interop {
+    use cuda_vmm::interop::nccl::{Comm, CommScope, ReduceOp, Registration, UniqueId, Window};
+    use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any};
+
+    assert_not_impl_any!(Comm: Send, Sync, Clone);
+    assert_not_impl_any!(Registration<'static, 'static>: Send, Sync, Clone);
+    assert_not_impl_any!(Window<'static>: Send, Sync, Clone);
+    assert_not_impl_any!(CommScope<'static, 'static>: Send, Sync);
+    assert_impl_all!(UniqueId: Send, Sync, Copy, Eq, core::hash::Hash);
+    assert_eq_size!(UniqueId, [u8; 128]);
+    assert_impl_all!(ReduceOp: Send, Sync, Copy, Eq);
+}

@@ -2,14 +2,19 @@
 //!
 //! Needs no GPU and no libcuda at run time: a suite of compile-fail cases only is built with
 //! `cargo check`, so nothing is linked or run. Regenerate the `.stderr` files with
-//! `TRYBUILD=overwrite ./with-libcuda cargo test --features cudarc --test ui` and review the diff.
+//! `TRYBUILD=overwrite ./with-libcuda cargo test --features nccl --test ui` (`nccl` turns on `cudarc`)
+//! and review the diff.
 //!
 //! Every folder of `ui-tests/` is an area of cases, run with the default features, except
-//! `ui-tests/cudarc/`: its cases use the `cudarc` feature's types, so they run only where the feature
-//! is on (`cargo test --features cudarc`), and are not compiled without it.
+//! `ui-tests/cudarc/` and `ui-tests/nccl/`: their cases use the types of the feature of their name,
+//! so they run only where that feature is on (`cargo test --features cudarc`, `--features nccl`),
+//! and are not compiled without it.
 
 /// The areas that need a cargo feature, and whether it is on.
-const FEATURE_AREAS: &[(&str, bool)] = &[("cudarc", cfg!(feature = "cudarc"))];
+const FEATURE_AREAS: &[(&str, bool)] = &[
+    ("cudarc", cfg!(feature = "cudarc")),
+    ("nccl", cfg!(feature = "nccl")),
+];
 
 #[test]
 fn ui() {

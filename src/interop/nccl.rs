@@ -1,0 +1,493 @@
+//! NCCL collectives on this crate's memory (feature `nccl`): all-reduce, broadcast, all-gather and
+//! reduce-scatter on views lent in a [`cudarc` scope](super::cudarc::scope), buffers registered
+//! with a communicator for as long as they are borrowed, and symmetric windows.
+//!
+//! # Why it exists
+//! Data-parallel training keeps each GPU's gradients in memory that grows (a
+//! [`VirtualBuffer`]) and all-reduces it every step. NCCL queues its work on a stream and returns;
+//! the memory must stay mapped until that work has run, and a registered buffer must stay mapped
+//! until it is deregistered. Here both are borrows: collectives take views lent in a scope that
+//! waits for the communicator's stream before it returns ([`Comm::scope`]), and a
+//! [`Registration`] borrows its buffer (no unmap, shrink or access change) and its communicator.
+//!
+//! ```no_run
+//! use cuda_vmm::interop::nccl::{Comm, ReduceOp};
+//! use cuda_vmm::{Device, ReadWrite, VirtualBuffer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // NVLink SHARP (multicast objects) off, before NCCL reads its environment (see below).
+//! // SAFETY: no other thread runs yet.
+//! unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+//! let stream = cudarc::driver::CudaContext::new(0)?.new_stream()?;
+//! let comms = Comm::from_devices(&[stream])?; // one rank
+//! let comm = &comms[0];
+//! let device = Device::get(0)?;
+//! let mut grads = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+//! grads.grow(device, 2 << 20)?;
+//! let mut registered = comm.register(&mut grads, ..2 << 20)?; // ncclCommRegister
+//! let mut view = registered.slice_bytes_mut::<f32>(..2 << 20)?;
+//! comm.scope(|s| -> Result<(), cuda_vmm::Error> {
+//!     let mut lent = s.lend_mut(&mut view)?;
+//!     s.all_reduce_in_place(&mut lent, ReduceOp::Sum) // queued on the communicator's stream
+//! })?; // waits for the stream: only then does the view's borrow end
+//! drop(view);
+//! drop(registered); // ncclCommDeregister: nothing uses the memory any more
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The rules, and where each is kept
+//! - **Collectives take lent views of their own scope.** [`Comm::scope`] is
+//!   [`cudarc::scope`](super::cudarc::scope) on the communicator's stream; its collectives take
+//!   [`Lent`] and [`LentMut`] of that scope only (`'scope` is invariant and higher-ranked, so a
+//!   value lent in another scope is another type). The scope waits for the stream before it
+//!   returns, also on a panic.
+//! - **Groups end inside the scopes whose views they hold.** NCCL launches a group's work at
+//!   `ncclGroupEnd`. [`group`] is a closure: it ends the group when the closure returns or
+//!   unwinds, inside every scope that encloses the call; a scope opened inside a group (whose wait
+//!   would come before the group's launch) is refused at run time ([`Error::StreamRefused`]).
+//! - **A registration borrows its buffer and its communicator.** [`Comm::register`] borrows the
+//!   [`VirtualBuffer`] exclusively and lends it on: [`Registration::buffer`] gives every `&self`
+//!   operation (growth, read-only views), [`Registration::slice_bytes_mut`] writable views; nothing
+//!   that unmaps, shrinks or changes the access set. A shared borrow would keep those away too, but
+//!   would leave no writable view of the registered bytes. Its `Drop` deregisters; views lent in a
+//!   scope borrow the registration, so it is dropped only after the scope has waited.
+//! - **A window is registered with exclusive use of the communicator.**
+//!   [`Comm::register_window`] is collective (every rank calls it) and takes `&mut Comm`: no scope,
+//!   group or registration of this communicator is alive meanwhile. Its memory is checked before
+//!   the call: 4096-byte alignment, at most 8192 physical pieces, pages exportable as POSIX file
+//!   descriptors (NCCL exports them to the other ranks), no second window over the same bytes of
+//!   this communicator; a null window is an error.
+//! - **A communicator stays on its thread** (`Comm` is neither `Send` nor `Sync`): NCCL does not allow
+//!   one communicator to be used from two threads at once, and its registrations and windows use it
+//!   when they are dropped. Make one communicator per thread ([`Comm::from_rank`] with a
+//!   [`UniqueId`]), or drive several GPUs from one thread ([`Comm::from_devices`]).
+//!
+//! # Loading NCCL
+//! NCCL is opened at run time (`libnccl.so.2`, then `libnccl.so`), so the feature builds and its
+//! tests run where NCCL is not installed: every function returns [`Error::NcclUnavailable`] then,
+//! and [`version`] says whether it can be loaded. cudarc's own `nccl` module is not used: its `Comm`
+//! hides the `ncclComm_t` that registration needs, it reads `ncclResult_t` into a Rust enum (a
+//! newer NCCL's code would be undefined behaviour), and it panics in `Drop` and on a missing symbol.
+//! Every NCCL error is [`Error::Nccl`], with the call and the `ncclResult_t` as an integer.
+//!
+//! # `NVLink` SHARP
+//! NCCL's NVLS algorithms create multicast objects (`cuMulticastCreate`). This crate never does, and
+//! its tests and examples set `NCCL_NVLS_ENABLE=0` at the start of the process, before any thread
+//! or NCCL call reads the environment: on the machines it is measured on, multicast objects are not
+//! to be created. Set it in your process too where that holds.
+//!
+//! # What it does not cover
+//! - **Groups begun elsewhere.** A group begun outside [`group`] (cudarc's safe `group_start`, or
+//!   raw NCCL) defers this module's collectives to its `ncclGroupEnd`, which may come after the
+//!   scope's wait: do not call this module's collectives or scopes inside such a group.
+//! - **Non-blocking communicators** (`ncclCommInitRankConfig` with `blocking = 0`): the config
+//!   struct changes layout between NCCL releases. The communicators here are blocking; a scope polls
+//!   `ncclCommGetAsyncError` after its wait, and [`Comm::async_error`] polls it at any time. A wait
+//!   for work that a failed peer never completes does not return.
+//! - **Windows over a [`VirtualBuffer`]**: a buffer's page options cannot be read yet, so its pages
+//!   cannot be proven exportable. [`WindowMemory`] is the hook: an implementation for
+//!   `VirtualBuffer` gives its pages in the range and each page's options.
+
+use core::cell::{Cell, RefCell};
+use core::ffi::c_int;
+use core::fmt;
+use core::marker::PhantomData;
+use core::ptr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use ::cudarc::driver::{CudaContext, CudaStream, DevicePtr};
+use bytemuck::Pod;
+
+use super::cudarc::{Lent, LentMut};
+#[cfg(doc)]
+use crate::VirtualBuffer;
+use crate::device::Device;
+use crate::error::{Error, check as check_driver};
+use crate::sys;
+
+mod api;
+mod id;
+mod register;
+mod scope;
+
+pub use id::UniqueId;
+pub use register::{Registration, RegistrationStats, Window, WindowMemory, WindowPieces};
+use scope::in_group;
+pub use scope::{CommScope, group};
+
+use api::RawComm;
+
+/// `ncclGetVersion` — the version of the NCCL library this process loads, as NCCL encodes it
+/// (`22803` for 2.28.3), loading it if it is not loaded yet.
+///
+/// # Errors
+/// [`Error::NcclUnavailable`] where no NCCL library can be loaded.
+#[doc(alias = "ncclGetVersion")]
+pub fn version() -> Result<i32, Error> {
+    Ok(api::api("ncclGetVersion")?.version)
+}
+
+/// An element type NCCL reduces and copies: the `ncclDataType_t` of a plain-data type.
+///
+/// Sealed: implemented for `i8`, `u8`, `i32`, `u32`, `i64`, `u64`, `f32` and `f64`.
+pub trait NcclType: Pod + sealed::Element {}
+
+/// An NCCL reduction (`ncclRedOp_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// `ncclSum`.
+    Sum,
+    /// `ncclProd`.
+    Prod,
+    /// `ncclMax`.
+    Max,
+    /// `ncclMin`.
+    Min,
+    /// `ncclAvg` (the sum divided by the number of ranks).
+    Avg,
+}
+
+impl ReduceOp {
+    fn raw(self) -> c_int {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+        }
+    }
+}
+
+mod sealed {
+    use core::ffi::c_int;
+
+    pub trait Element {
+        /// The `ncclDataType_t`.
+        const DATA_TYPE: c_int;
+    }
+
+    pub trait Source {}
+}
+
+macro_rules! nccl_types {
+    ($($t:ty => $code:expr),* $(,)?) => {$(
+        impl sealed::Element for $t {
+            const DATA_TYPE: c_int = $code;
+        }
+        impl NcclType for $t {}
+    )*};
+}
+
+// `nccl.h`: ncclInt8 0, ncclUint8 1, ncclInt32 2, ncclUint32 3, ncclInt64 4, ncclUint64 5,
+// ncclFloat32 7, ncclFloat64 8.
+nccl_types!(i8 => 0, u8 => 1, i32 => 2, u32 => 3, i64 => 4, u64 => 5, f32 => 7, f64 => 8);
+
+/// A value a collective reads: a view lent in the collective's scope, read-only ([`Lent`]) or
+/// writable ([`LentMut`]). Sealed.
+pub trait Source<'scope, T>: DevicePtr<T> + sealed::Source {}
+
+impl<T> sealed::Source for Lent<'_, T> {}
+impl<T> sealed::Source for LentMut<'_, T> {}
+impl<'scope, T: Pod> Source<'scope, T> for Lent<'scope, T> {}
+impl<'scope, T: Pod> Source<'scope, T> for LentMut<'scope, T> {}
+
+/// What a communicator's registrations and windows share with it: the `ncclComm_t`, destroyed with
+/// the last of them.
+pub(crate) struct Core {
+    raw: RawComm,
+    /// The primary context of the communicator's device, made current around every NCCL call.
+    context: Arc<CudaContext>,
+    /// The address ranges `[start, end)` registered as windows of this communicator.
+    windows: RefCell<Vec<(u64, u64)>>,
+    registered: Cell<u64>,
+    deregistered: Cell<u64>,
+}
+
+impl Core {
+    /// `cuCtxSetCurrent` of the communicator's context: NCCL calls the runtime API, which works in
+    /// the current context (a primary context, the runtime's own).
+    fn bind(&self) -> Result<(), Error> {
+        let context: sys::CUcontext = self.context.cu_ctx().cast();
+        // SAFETY: a primary context that `self.context` keeps retained.
+        check_driver(unsafe { sys::cuCtxSetCurrent(context) })?;
+        Ok(())
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Every scope of the communicator has waited for its work, and every registration and
+        // window is gone (each holds the communicator or this core). An error cannot be handled
+        // here, and the communicator is unusable afterwards either way; it is ignored.
+        let Ok(api) = api::api("ncclCommDestroy") else {
+            return;
+        };
+        if let (Some(destroy), Ok(())) = (api.comm_destroy, self.bind()) {
+            // SAFETY: a communicator that NCCL made and nothing else destroys; no work of it is
+            // queued or running.
+            let _ = unsafe { destroy(self.raw) };
+        }
+    }
+}
+
+/// An NCCL communicator: one rank of a clique, with the stream its collectives run on.
+///
+/// Neither `Send` nor `Sync` (see the [module documentation](self)). Dropping it destroys the
+/// communicator (`ncclCommDestroy`) once its windows are gone too.
+pub struct Comm {
+    core: Rc<Core>,
+    stream: Arc<CudaStream>,
+    device: Device,
+    rank: usize,
+    size: usize,
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Comm {
+    /// `ncclCommInitAll` — one communicator per stream, rank `i` on the device of `streams[i]`, for
+    /// one thread that drives every GPU of the clique ([`group`] launches their collectives
+    /// together). One stream gives a single-rank communicator.
+    ///
+    /// # Errors
+    /// Before NCCL is called: [`Error::ZeroSize`] for no stream; [`Error::InvalidArgument`] where
+    /// two streams share a device (NCCL takes one rank per GPU) or the count does not fit a C `int`.
+    /// [`Error::NcclUnavailable`] where NCCL cannot be loaded; [`Error::Nccl`] for its refusal.
+    #[doc(alias = "ncclCommInitAll")]
+    pub fn from_devices(streams: &[Arc<CudaStream>]) -> Result<Vec<Comm>, Error> {
+        if streams.is_empty() {
+            return Err(Error::ZeroSize {
+                what: "list of streams",
+            });
+        }
+        let mut ordinals = Vec::with_capacity(streams.len());
+        for stream in streams {
+            let ordinal = c_int::try_from(stream.context().ordinal()).map_err(|_| {
+                Error::InvalidArgument {
+                    what: "device ordinal",
+                }
+            })?;
+            if ordinals.contains(&ordinal) {
+                return Err(Error::InvalidArgument {
+                    what: "list of streams with two streams of one device (NCCL takes one rank \
+                           per GPU)",
+                });
+            }
+            ordinals.push(ordinal);
+        }
+        let count = c_int::try_from(streams.len()).map_err(|_| Error::InvalidArgument {
+            what: "number of ranks",
+        })?;
+        let api = api::api("ncclCommInitAll")?;
+        let init = api::function(api.comm_init_all, "ncclCommInitAll")?;
+        let mut raw: Vec<RawComm> = vec![ptr::null_mut(); streams.len()];
+        // SAFETY: `raw` has room for `count` communicators and `ordinals` holds `count` device
+        // ordinals, both alive for the call.
+        let code = unsafe { init(raw.as_mut_ptr(), count, ordinals.as_ptr()) };
+        api::check(code, "ncclCommInitAll")?;
+        // Owned from here: each `Comm` destroys its communicator, also when a later one fails.
+        let mut comms = Vec::with_capacity(streams.len());
+        for (rank, (raw, stream)) in raw.into_iter().zip(streams).enumerate() {
+            comms.push(Comm::own(raw, stream, rank, streams.len())?);
+        }
+        Ok(comms)
+    }
+
+    /// `ncclCommInitRank` — rank `rank` of a clique of `size` ranks that meet through `id` (made by
+    /// one rank with [`UniqueId::new`] and passed to the others, e.g. with
+    /// [`UniqueId::write_to`] and [`UniqueId::read_from`]), on the device of `stream`. Blocks until
+    /// every rank has joined.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for `rank >= size`, [`Error::InvalidArgument`] where either does not
+    /// fit a C `int`, before NCCL is called; a driver error where the stream's context cannot be made
+    /// current; [`Error::NcclUnavailable`], [`Error::Nccl`] as [`from_devices`](Comm::from_devices).
+    #[doc(alias = "ncclCommInitRank")]
+    pub fn from_rank(
+        stream: &Arc<CudaStream>,
+        rank: usize,
+        size: usize,
+        id: &UniqueId,
+    ) -> Result<Comm, Error> {
+        if rank >= size {
+            return Err(Error::OutOfBounds {
+                what: "clique",
+                start: rank,
+                end: rank.saturating_add(1),
+                len: size,
+            });
+        }
+        let (c_rank, c_size) = c_int::try_from(rank)
+            .ok()
+            .zip(c_int::try_from(size).ok())
+            .ok_or(Error::InvalidArgument {
+                what: "rank or clique size",
+            })?;
+        let api = api::api("ncclCommInitRank")?;
+        let init = api::function(api.comm_init_rank, "ncclCommInitRank")?;
+        let context: sys::CUcontext = stream.context().cu_ctx().cast();
+        // SAFETY: the stream's context, kept retained by its `CudaContext`. NCCL makes the
+        // communicator on the current device.
+        check_driver(unsafe { sys::cuCtxSetCurrent(context) })?;
+        let mut raw: RawComm = ptr::null_mut();
+        // SAFETY: `raw` is writable for the call; the id is 128 bytes passed by value.
+        let code = unsafe { init(&raw mut raw, c_size, id.raw(), c_rank) };
+        api::check(code, "ncclCommInitRank")?;
+        Comm::own(raw, stream, rank, size)
+    }
+
+    /// Takes ownership of `raw`, a communicator NCCL has just made.
+    fn own(
+        raw: RawComm,
+        stream: &Arc<CudaStream>,
+        rank: usize,
+        size: usize,
+    ) -> Result<Comm, Error> {
+        let core = Rc::new(Core {
+            raw,
+            context: Arc::clone(stream.context()),
+            windows: RefCell::new(Vec::new()),
+            registered: Cell::new(0),
+            deregistered: Cell::new(0),
+        });
+        let device = Device::get(stream.context().ordinal())?;
+        Ok(Comm {
+            core,
+            stream: Arc::clone(stream),
+            device,
+            rank,
+            size,
+        })
+    }
+
+    /// This communicator's rank.
+    #[must_use]
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks of the clique.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device of this rank.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The stream the collectives run on, and [`scope`](Comm::scope) waits for.
+    #[must_use]
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The raw `ncclComm_t`, for NCCL calls this crate does not wrap. It stays valid while `self`
+    /// lives; do not destroy it.
+    #[must_use]
+    pub fn as_raw(&self) -> *mut core::ffi::c_void {
+        self.core.raw
+    }
+
+    /// How many local registrations of this communicator were made and deregistered so far.
+    #[must_use]
+    pub fn registration_stats(&self) -> RegistrationStats {
+        RegistrationStats {
+            registered: self.core.registered.get(),
+            deregistered: self.core.deregistered.get(),
+        }
+    }
+
+    /// `ncclCommGetAsyncError` — `Ok` where NCCL reports no asynchronous error of this
+    /// communicator (a failed peer or network), the error otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Nccl`] with `call` `"ncclCommGetAsyncError"` and the asynchronous error's code;
+    /// [`Error::NcclUnavailable`] where the function is missing.
+    #[doc(alias = "ncclCommGetAsyncError")]
+    pub fn async_error(&self) -> Result<(), Error> {
+        let api = api::api("ncclCommGetAsyncError")?;
+        let get = api::function(api.comm_get_async_error, "ncclCommGetAsyncError")?;
+        let mut code: c_int = 0;
+        // SAFETY: a live communicator; `code` is writable for the call.
+        let called = unsafe { get(self.core.raw, &raw mut code) };
+        api::check(called, "ncclCommGetAsyncError")?;
+        api::check(code, "ncclCommGetAsyncError")
+    }
+
+    /// [`cudarc::scope`](super::cudarc::scope) on the communicator's stream: lend views with
+    /// [`CommScope::lend`] and [`CommScope::lend_mut`] and queue collectives on them; when `f`
+    /// returns or panics, the scope waits for the stream, then polls the communicator's
+    /// asynchronous error.
+    ///
+    /// # Errors
+    /// Before `f` runs: [`Error::StreamRefused`] inside a [`group`] (the group would launch the
+    /// work after this scope's wait), or as [`cudarc::scope`](super::cudarc::scope). After it, as
+    /// [`cudarc::scope`](super::cudarc::scope), then the asynchronous error
+    /// ([`async_error`](Comm::async_error)).
+    ///
+    /// # Panics
+    /// Resumes a panic of `f`, after waiting for the stream.
+    ///
+    /// # Examples
+    /// A window cannot be registered while a scope uses the communicator:
+    /// ```compile_fail,E0502
+    /// # use cuda_vmm::interop::nccl::Comm;
+    /// # use cuda_vmm::owned::GrantedMapping;
+    /// fn register_mid_scope(mut comm: Comm, memory: &mut GrantedMapping) -> cuda_vmm::Result<()> {
+    ///     comm.scope(|_s| -> cuda_vmm::Result<()> {
+    ///         let _window = comm.register_window(memory, ..)?; // collective, mid-scope
+    ///         Ok(())
+    ///     })
+    /// }
+    /// ```
+    pub fn scope<'env, F, R, E>(&'env self, f: F) -> Result<R, E>
+    where
+        F: for<'scope> FnOnce(&CommScope<'scope, 'env>) -> Result<R, E>,
+        E: From<Error>,
+    {
+        if in_group() {
+            return Err(Error::StreamRefused {
+                why: "the scope was opened inside an NCCL group, whose work is launched at the \
+                      group's end, after this scope's wait; open the scopes first, the group inside",
+            }
+            .into());
+        }
+        let value = super::cudarc::scope(&self.stream, |inner| {
+            f(&CommScope {
+                inner,
+                comm: self,
+                _env: PhantomData,
+            })
+        })?;
+        self.async_error()?;
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_types_and_ops_are_nccl_h_values() {
+        assert_eq!(<f32 as sealed::Element>::DATA_TYPE, 7);
+        assert_eq!(<u8 as sealed::Element>::DATA_TYPE, 1);
+        assert_eq!(<f64 as sealed::Element>::DATA_TYPE, 8);
+        assert_eq!(ReduceOp::Avg.raw(), 4);
+        assert_eq!(ReduceOp::Sum.raw(), 0);
+    }
+}

@@ -1,0 +1,391 @@
+//! [`CommScope`] and its collectives, and [`group`]: the work NCCL queues on a communicator's stream,
+//! on views lent to a scope that waits for it.
+
+use core::cell::Cell;
+use core::ffi::c_int;
+use core::fmt;
+use core::marker::PhantomData;
+
+use ::cudarc::driver::{DevicePtr, DeviceSlice as CudarcSlice};
+use bytemuck::Pod;
+
+use super::api::{self, RawStream};
+use super::{Comm, NcclType, ReduceOp, Source};
+use crate::error::Error;
+use crate::interop::cudarc::{Lent, LentMut, Scope as CudarcScope};
+use crate::stream::{ScopedRead, ScopedWrite};
+
+/// The scope of [`Comm::scope`]: it lends views to the collectives queued on the communicator's
+/// stream, and waits for that stream before the scope returns.
+///
+/// # Lifetimes
+/// As [`cudarc::Scope`](crate::interop::cudarc::Scope): `'scope` is the scope itself (until the stream has been
+/// waited for), `'env` what it borrows from outside (the communicator, the views). Both are
+/// invariant.
+pub struct CommScope<'scope, 'env: 'scope> {
+    pub(super) inner: &'scope CudarcScope<'scope, 'env>,
+    pub(super) comm: &'env Comm,
+    /// Invariant in `'env`, as the cudarc scope.
+    pub(super) _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl fmt::Debug for CommScope<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CommScope")
+            .field("comm", self.comm)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'scope, 'env> CommScope<'scope, 'env> {
+    /// The communicator.
+    #[must_use]
+    pub fn comm(&self) -> &'env Comm {
+        self.comm
+    }
+
+    /// The cudarc scope on the communicator's stream, for cudarc's copies and kernels on views lent
+    /// here.
+    #[must_use]
+    pub fn cudarc(&self) -> &'scope CudarcScope<'scope, 'env> {
+        self.inner
+    }
+
+    /// Lends `view` for reading to the collectives of this scope, as
+    /// [`cudarc::Scope::lend`](crate::interop::cudarc::Scope::lend).
+    ///
+    /// # Errors
+    /// As [`cudarc::Scope::lend`](crate::interop::cudarc::Scope::lend).
+    pub fn lend<T: Pod>(&self, view: impl ScopedRead<'scope, T>) -> Result<Lent<'scope, T>, Error> {
+        self.inner.lend(view)
+    }
+
+    /// Lends `view` for writing, exclusively, to the collectives of this scope, as
+    /// [`cudarc::Scope::lend_mut`](crate::interop::cudarc::Scope::lend_mut).
+    ///
+    /// # Errors
+    /// As [`cudarc::Scope::lend_mut`](crate::interop::cudarc::Scope::lend_mut).
+    pub fn lend_mut<T: Pod>(
+        &self,
+        view: impl ScopedWrite<'scope, T>,
+    ) -> Result<LentMut<'scope, T>, Error> {
+        self.inner.lend_mut(view)
+    }
+
+    fn raw_stream(&self) -> RawStream {
+        self.comm.stream.cu_stream().cast()
+    }
+
+    /// The address a lent value gives for the communicator's stream (its own: the scope's), the
+    /// address of a never-mapped range while the stream captures a graph (the scope then returns
+    /// [`Error::StreamRefused`]).
+    fn address<S: DevicePtr<T>, T>(&self, lent: &S) -> u64 {
+        lent.device_ptr(&self.comm.stream).0
+    }
+
+    /// `ncclAllReduce` — reduce `send` of every rank with `op`, into `recv` of every rank. Queued on
+    /// the communicator's stream; inside a [`group`], launched at its end.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where `recv` is not as long as `send`, before NCCL is called;
+    /// [`Error::Nccl`] for NCCL's refusal.
+    #[doc(alias = "ncclAllReduce")]
+    pub fn all_reduce<T: NcclType>(
+        &self,
+        send: &impl Source<'scope, T>,
+        recv: &mut LentMut<'scope, T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        same_len(send.len(), recv.len())?;
+        let (src, dst) = (self.address(send), self.address(recv));
+        self.all_reduce_raw::<T>(src, dst, recv.len(), op)
+    }
+
+    /// `ncclAllReduce` in place: `buffer` of every rank reduced with `op`, into `buffer`.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](CommScope::all_reduce).
+    #[doc(alias = "ncclAllReduce")]
+    pub fn all_reduce_in_place<T: NcclType>(
+        &self,
+        buffer: &mut LentMut<'scope, T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        let ptr = self.address(buffer);
+        self.all_reduce_raw::<T>(ptr, ptr, buffer.len(), op)
+    }
+
+    fn all_reduce_raw<T: NcclType>(
+        &self,
+        src: u64,
+        dst: u64,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        let api = api::api("ncclAllReduce")?;
+        let f = api::function(api.all_reduce, "ncclAllReduce")?;
+        self.comm.core.bind()?;
+        // SAFETY: `src` and `dst` are the addresses of views lent to this scope for its stream, each
+        // `count` elements of `T` (or of a never-mapped range as large), mapped until the scope has
+        // waited for the stream the work is queued on; the data type is `T`'s.
+        let code = unsafe {
+            f(
+                src as *const _,
+                dst as *mut _,
+                count,
+                T::DATA_TYPE,
+                op.raw(),
+                self.comm.core.raw,
+                self.raw_stream(),
+            )
+        };
+        api::check(code, "ncclAllReduce")
+    }
+
+    /// `ncclBroadcast` — `send` of rank `root` copied into `recv` of every rank. Only the root's
+    /// `send` is read; other ranks may pass `None`.
+    ///
+    /// # Errors
+    /// Before NCCL is called: [`Error::OutOfBounds`] for a root outside the clique,
+    /// [`Error::NcclRefused`] where the root passes no `send`, [`Error::LengthMismatch`] where
+    /// `send` is not as long as `recv`. [`Error::Nccl`] for NCCL's refusal.
+    #[doc(alias = "ncclBroadcast")]
+    pub fn broadcast<T: NcclType>(
+        &self,
+        send: Option<&dyn Source<'scope, T>>,
+        recv: &mut LentMut<'scope, T>,
+        root: usize,
+    ) -> Result<(), Error> {
+        let src = match send {
+            Some(send) => {
+                same_len(send.len(), recv.len())?;
+                Some(send.device_ptr(&self.comm.stream).0)
+            }
+            None => None,
+        };
+        let dst = self.address(recv);
+        if self.comm.rank == root && src.is_none() {
+            return Err(Error::NcclRefused {
+                call: "ncclBroadcast",
+                why: "the root rank passed no send buffer",
+            });
+        }
+        self.broadcast_raw::<T>(src.unwrap_or(dst), dst, recv.len(), root)
+    }
+
+    /// `ncclBroadcast` in place: `buffer` of rank `root` copied into `buffer` of every rank.
+    ///
+    /// # Errors
+    /// As [`broadcast`](CommScope::broadcast).
+    #[doc(alias = "ncclBroadcast")]
+    pub fn broadcast_in_place<T: NcclType>(
+        &self,
+        buffer: &mut LentMut<'scope, T>,
+        root: usize,
+    ) -> Result<(), Error> {
+        let ptr = self.address(buffer);
+        self.broadcast_raw::<T>(ptr, ptr, buffer.len(), root)
+    }
+
+    fn broadcast_raw<T: NcclType>(
+        &self,
+        src: u64,
+        dst: u64,
+        count: usize,
+        root: usize,
+    ) -> Result<(), Error> {
+        let root = self.root(root)?;
+        let api = api::api("ncclBroadcast")?;
+        let f = api::function(api.broadcast, "ncclBroadcast")?;
+        self.comm.core.bind()?;
+        // SAFETY: as in `all_reduce_raw`: lent addresses of `count` elements each.
+        let code = unsafe {
+            f(
+                src as *const _,
+                dst as *mut _,
+                count,
+                T::DATA_TYPE,
+                root,
+                self.comm.core.raw,
+                self.raw_stream(),
+            )
+        };
+        api::check(code, "ncclBroadcast")
+    }
+
+    /// `ncclAllGather` — `send` of every rank, in rank order, into `recv` of every rank: `recv` is
+    /// the clique's size times as long as `send`.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] for any other `recv` length, before NCCL is called;
+    /// [`Error::Nccl`] for NCCL's refusal.
+    #[doc(alias = "ncclAllGather")]
+    pub fn all_gather<T: NcclType>(
+        &self,
+        send: &impl Source<'scope, T>,
+        recv: &mut LentMut<'scope, T>,
+    ) -> Result<(), Error> {
+        same_len(count(send.len(), self.comm.size)?, recv.len())?;
+        let (src, dst) = (self.address(send), self.address(recv));
+        let api = api::api("ncclAllGather")?;
+        let f = api::function(api.all_gather, "ncclAllGather")?;
+        self.comm.core.bind()?;
+        // SAFETY: as in `all_reduce_raw`; `recv` holds `size` times `send.len()` elements (checked).
+        let code = unsafe {
+            f(
+                src as *const _,
+                dst as *mut _,
+                send.len(),
+                T::DATA_TYPE,
+                self.comm.core.raw,
+                self.raw_stream(),
+            )
+        };
+        api::check(code, "ncclAllGather")
+    }
+
+    /// `ncclReduceScatter` — `send` of every rank reduced with `op`, and block `r` of the result
+    /// into `recv` of rank `r`: `send` is the clique's size times as long as `recv`.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] for any other `send` length, before NCCL is called;
+    /// [`Error::Nccl`] for NCCL's refusal.
+    #[doc(alias = "ncclReduceScatter")]
+    pub fn reduce_scatter<T: NcclType>(
+        &self,
+        send: &impl Source<'scope, T>,
+        recv: &mut LentMut<'scope, T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        same_len(count(recv.len(), self.comm.size)?, send.len())?;
+        let (src, dst) = (self.address(send), self.address(recv));
+        let api = api::api("ncclReduceScatter")?;
+        let f = api::function(api.reduce_scatter, "ncclReduceScatter")?;
+        self.comm.core.bind()?;
+        // SAFETY: as in `all_reduce_raw`; `send` holds `size` times `recv.len()` elements (checked).
+        let code = unsafe {
+            f(
+                src as *const _,
+                dst as *mut _,
+                recv.len(),
+                T::DATA_TYPE,
+                op.raw(),
+                self.comm.core.raw,
+                self.raw_stream(),
+            )
+        };
+        api::check(code, "ncclReduceScatter")
+    }
+
+    fn root(&self, root: usize) -> Result<c_int, Error> {
+        if root >= self.comm.size {
+            return Err(Error::OutOfBounds {
+                what: "clique",
+                start: root,
+                end: root.saturating_add(1),
+                len: self.comm.size,
+            });
+        }
+        c_int::try_from(root).map_err(|_| Error::InvalidArgument { what: "root rank" })
+    }
+}
+
+/// `len` elements of each of `of` ranks.
+fn count(len: usize, of: usize) -> Result<usize, Error> {
+    len.checked_mul(of).ok_or(Error::Overflow {
+        what: "elements of all ranks",
+    })
+}
+
+fn same_len(expected: usize, found: usize) -> Result<(), Error> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch { expected, found })
+    }
+}
+
+thread_local! {
+    /// How deeply this thread is inside [`group`] calls.
+    static GROUP_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+pub(super) fn in_group() -> bool {
+    GROUP_DEPTH.with(Cell::get) > 0
+}
+
+/// `ncclGroupStart`, `f`, `ncclGroupEnd` — the collectives `f` queues (on any communicators of this
+/// thread, in scopes opened before the group) are launched together when the group ends: the one
+/// way for a thread that drives several GPUs ([`Comm::from_devices`]) to queue a collective on each.
+///
+/// The group ends when `f` returns, and when it unwinds: inside every scope that encloses this
+/// call, so each scope's wait comes after the launch. A scope opened inside `f` is refused.
+///
+/// # Errors
+/// `f`'s error, else [`Error::Nccl`] from `ncclGroupEnd` (which reports the group's collectives'
+/// errors); [`Error::NcclUnavailable`] where NCCL cannot be loaded (`f` does not run then).
+///
+/// # Panics
+/// Resumes a panic of `f`, after ending the group.
+#[doc(alias = "ncclGroupStart")]
+#[doc(alias = "ncclGroupEnd")]
+pub fn group<R, E>(f: impl FnOnce() -> Result<R, E>) -> Result<R, E>
+where
+    E: From<Error>,
+{
+    let api = api::api("ncclGroupStart")?;
+    let start = api::function(api.group_start, "ncclGroupStart")?;
+    let end = api::function(api.group_end, "ncclGroupEnd")?;
+    // SAFETY: no arguments; the group is ended by `Ender` below on every path.
+    api::check(unsafe { start() }, "ncclGroupStart")?;
+    GROUP_DEPTH.with(|d| d.set(d.get().saturating_add(1)));
+    let mut group = Ender { end, armed: true };
+    let value = f();
+    let ended = group.finish();
+    let value = value?;
+    ended?;
+    Ok(value)
+}
+
+/// Ends a group begun by [`group`]: by `finish` after the closure returned, or by `Drop` while a
+/// panic of the closure unwinds.
+struct Ender {
+    end: unsafe extern "C" fn() -> c_int,
+    armed: bool,
+}
+
+impl Ender {
+    fn finish(&mut self) -> Result<(), Error> {
+        self.armed = false;
+        GROUP_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        // SAFETY: ends the group that `group` began on this thread (groups nest per thread).
+        api::check(unsafe { (self.end)() }, "ncclGroupEnd")
+    }
+}
+
+impl Drop for Ender {
+    fn drop(&mut self) {
+        if self.armed {
+            // Unwinding: the group is ended (launching what it queued, inside every enclosing scope,
+            // which then waits for it); its error is lost with the panic, which is resumed.
+            let _ = self.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_checked() {
+        assert_eq!(same_len(3, 3), Ok(()));
+        assert_eq!(
+            same_len(3, 4),
+            Err(Error::LengthMismatch {
+                expected: 3,
+                found: 4
+            })
+        );
+    }
+}

@@ -1,0 +1,524 @@
+//! NCCL on VMM memory against a real driver and a real NCCL (feature `nccl`): a single-rank
+//! communicator all-reducing memory registered and not, the four collectives, registration and
+//! window registration with their refusals, registrations dropped before and after the buffer's
+//! other users, 10 000 register/deregister rounds that leak nothing, and two ranks (one process
+//! driving two GPUs, and two processes meeting through a unique id passed over a pipe). Every test
+//! skips visibly without a GPU, with too few GPUs, or where NCCL cannot be loaded.
+//!
+//! No test harness (`harness = false` in Cargo.toml): `main` sets `NCCL_NVLS_ENABLE=0` before any
+//! thread starts and before NCCL reads its environment (`NVLink` SHARP would create multicast
+//! objects, which these machines must not), then runs the tests one after another. Run as
+//! `cargo test --features nccl --test nccl`; the child rank of the two-process test is this binary
+//! again, started with `CUDA_VMM_NCCL_CHILD=1`.
+
+#![cfg(feature = "nccl")]
+// The test data are small integers, exact in `f32`: the casts and the exact comparisons are too.
+#![allow(clippy::cast_precision_loss, clippy::float_cmp)]
+
+mod common;
+
+use std::error::Error as StdError;
+use std::io::Write as _;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+
+use common::{devices_or_skip, pattern, skip};
+use cuda_vmm::interop::nccl::{self, Comm, ReduceOp, UniqueId, group};
+use cuda_vmm::owned::{GrantedMapping, SharedReservation};
+use cuda_vmm::vmm::{AllocationOptions, HandleKinds};
+use cuda_vmm::{
+    Context, Device, Error, Granularity, PhysicalAllocation, ReadWrite, VirtualBuffer,
+    allocation_granularity,
+};
+use cudarc::driver::{CudaContext, CudaStream};
+
+type TestResult<T = ()> = Result<T, Box<dyn StdError>>;
+type Test = (&'static str, fn() -> TestResult);
+
+const CHILD: &str = "CUDA_VMM_NCCL_CHILD";
+
+/// The register/deregister rounds of the leak test.
+const ROUNDS: u64 = 10_000;
+
+/// The device of each of the first `needed` GPUs with a new cudarc stream, or `None` after printing
+/// why the test is skipped (no GPU, too few, or no NCCL).
+fn gpus_and_nccl_or_skip(test: &str, needed: usize) -> Option<Vec<(Device, Arc<CudaStream>)>> {
+    let devices = devices_or_skip(test, needed)?;
+    if let Err(e) = nccl::version() {
+        skip(&format!("SKIPPED {test}: NCCL cannot be loaded ({e})"));
+        return None;
+    }
+    Some(
+        devices
+            .into_iter()
+            .take(needed)
+            .map(|d| {
+                let ctx = CudaContext::new(d.ordinal()).expect("cudarc retains the context");
+                (d, ctx.new_stream().expect("cudarc makes a stream"))
+            })
+            .collect(),
+    )
+}
+
+fn one_rank(test: &str) -> Option<(Device, Comm)> {
+    let (device, stream) = gpus_and_nccl_or_skip(test, 1)?.remove(0);
+    let comm = Comm::from_devices(&[stream])
+        .expect("a single-rank communicator")
+        .remove(0);
+    Some((device, comm))
+}
+
+fn page(device: Device) -> usize {
+    allocation_granularity(device, Granularity::Minimum).expect("the granularity")
+}
+
+fn floats(n: usize, seed: u32) -> Vec<f32> {
+    pattern(n, seed)
+        .into_iter()
+        .map(|x| (x % 1000) as f32)
+        .collect()
+}
+
+/// Needs no GPU: NCCL loads, or every call says why not.
+#[allow(clippy::unnecessary_wraps)] // the signature of every test
+fn nccl_loads_or_says_why() -> TestResult {
+    match nccl::version() {
+        Ok(version) => assert!(version >= 21_900, "NCCL {version}: registration needs 2.19"),
+        Err(e) => {
+            assert!(matches!(e, Error::NcclUnavailable { .. }), "{e:?}");
+            assert!(matches!(
+                UniqueId::new(),
+                Err(Error::NcclUnavailable { .. })
+            ));
+            skip(&format!("SKIPPED nccl_loads_or_says_why (NCCL part): {e}"));
+        }
+    }
+    Ok(())
+}
+
+fn single_rank_all_reduce_registered_and_not() -> TestResult {
+    let test = "single_rank_all_reduce_registered_and_not";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    buffer.grow(device, page)?;
+    let n = page / 4;
+    let input = floats(n, 7);
+    // Not registered: first page into the second.
+    {
+        let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+        let (mut send, mut recv) = view.split_at_mut(n)?;
+        send.copy_from_host(&input)?;
+        recv.copy_from_host(&vec![0.0; n])?;
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            s.all_reduce(&send, &mut recv, ReduceOp::Sum)
+        })?;
+        assert_eq!(recv.to_vec()?, input, "{test}: one rank's sum is its input");
+    }
+    // Registered: the same, then in place.
+    let mut registration = comm.register(&mut buffer, ..2 * page)?;
+    {
+        let view = registration.slice_bytes_mut::<f32>(..2 * page)?;
+        let (send, mut recv) = view.split_at_mut(n)?;
+        recv.copy_from_host(&vec![0.0; n])?;
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            s.all_reduce_in_place(&mut recv, ReduceOp::Max)
+        })?;
+        assert_eq!(recv.to_vec()?, input, "{test}: registered");
+    }
+    drop(registration);
+    assert_eq!(comm.registration_stats().registered, 1);
+    assert_eq!(comm.registration_stats().deregistered, 1);
+    Ok(())
+}
+
+fn all_four_collectives_on_one_rank() -> TestResult {
+    let test = "all_four_collectives_on_one_rank";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let n = page / 8;
+    let input = floats(n, 11);
+    let view = buffer.slice_bytes_mut::<f32>(..page)?;
+    let (mut send, mut recv) = view.split_at_mut(n)?;
+    send.copy_from_host(&input)?;
+    for which in [
+        "broadcast",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast_in_place",
+    ] {
+        recv.copy_from_host(&vec![-1.0; n])?;
+        if which == "broadcast_in_place" {
+            recv.copy_from_host(&input)?;
+        }
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            match which {
+                "broadcast" => s.broadcast(Some(&send), &mut recv, 0),
+                "all_gather" => s.all_gather(&send, &mut recv),
+                "reduce_scatter" => s.reduce_scatter(&send, &mut recv, ReduceOp::Sum),
+                _ => s.broadcast_in_place(&mut recv, 0),
+            }
+        })?;
+        assert_eq!(recv.to_vec()?, input, "{test}: {which}");
+    }
+    // The refusals, before NCCL is called.
+    comm.scope(|s| -> Result<(), Error> {
+        let short = send.as_slice().slice(..n - 1)?;
+        let short = s.lend(short)?;
+        let mut recv = s.lend_mut(&mut recv)?;
+        let mismatch = s.all_reduce(&short, &mut recv, ReduceOp::Sum);
+        assert!(
+            matches!(mismatch, Err(Error::LengthMismatch { .. })),
+            "{mismatch:?}"
+        );
+        let no_root_data = s.broadcast(None, &mut recv, 0);
+        assert!(
+            matches!(no_root_data, Err(Error::NcclRefused { .. })),
+            "{no_root_data:?}"
+        );
+        let root = s.broadcast_in_place(&mut recv, 1);
+        assert!(matches!(root, Err(Error::OutOfBounds { .. })), "{root:?}");
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn registration_refusals() -> TestResult {
+    let test = "registration_refusals";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let unmapped = comm.register(&mut buffer, ..2 * page).map(drop);
+    assert!(
+        matches!(unmapped, Err(Error::PageRange { .. })),
+        "{unmapped:?}"
+    );
+    let empty = comm.register(&mut buffer, 0..0).map(drop);
+    assert!(matches!(empty, Err(Error::ZeroSize { .. })), "{empty:?}");
+    let in_group = group(|| comm.register(&mut buffer, ..page).map(drop));
+    assert!(
+        matches!(in_group, Err(Error::NcclRefused { .. })),
+        "{in_group:?}"
+    );
+    let scope_in_group = group(|| comm.scope(|_| Ok::<(), Error>(())));
+    assert!(
+        matches!(scope_in_group, Err(Error::StreamRefused { .. })),
+        "{scope_in_group:?}"
+    );
+    assert_eq!(comm.registration_stats().registered, 0);
+    Ok(())
+}
+
+fn exportable_mapping(
+    device: Device,
+    size: usize,
+    kinds: HandleKinds,
+) -> TestResult<GrantedMapping> {
+    let reservation = SharedReservation::new(size, 0)?;
+    let memory = PhysicalAllocation::with_options(
+        size,
+        AllocationOptions::device(device).with_handle_kinds(kinds),
+    )?;
+    Ok(reservation
+        .map(0, memory)?
+        .keep_grant(&[device], ReadWrite)?)
+}
+
+fn window_registration() -> TestResult {
+    let test = "window_registration";
+    let Some((device, mut comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    if !device.supports_posix_fd_handles()? {
+        skip(&format!(
+            "SKIPPED {test}: the device has no POSIX-fd handles"
+        ));
+        return Ok(());
+    }
+    let page = page(device);
+    let mut private = exportable_mapping(device, page, HandleKinds::NONE)?;
+    let refused = comm.register_window(&mut private, ..).map(drop);
+    assert!(
+        matches!(refused, Err(Error::NcclRefused { why, .. }) if why.contains("POSIX")),
+        "{refused:?}"
+    );
+    let mut memory = exportable_mapping(device, page, HandleKinds::POSIX_FD)?;
+    let misaligned = comm.register_window(&mut memory, 100..page).map(drop);
+    assert!(
+        matches!(
+            misaligned,
+            Err(Error::NotAligned {
+                granularity: 4096,
+                ..
+            })
+        ),
+        "{misaligned:?}"
+    );
+    let mut window = match comm.register_window(&mut memory, ..) {
+        Err(e @ Error::NcclUnavailable { .. }) => {
+            skip(&format!("SKIPPED {test} (window part): {e}"));
+            return Ok(());
+        }
+        other => other?,
+    };
+    let n = page / 4;
+    let input = floats(n, 3);
+    let mut view = window.slice_mut::<f32>()?;
+    view.copy_from_host(&input)?;
+    comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+    })?;
+    assert_eq!(view.to_vec()?, input, "{test}: all-reduce in a window");
+    window.deregister()?;
+    // The same bytes again, once the first window is gone.
+    let again = comm.register_window(&mut memory, ..4096)?;
+    drop(again);
+    Ok(())
+}
+
+fn registration_dropped_before_and_after_other_users() -> TestResult {
+    let test = "registration_dropped_before_and_after_other_users";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let n = page / 4;
+    let input = floats(n, 5);
+    // Dropped after its users: a view lent in a scope, and a growth through the registration.
+    let mut registration = comm.register(&mut buffer, ..page)?;
+    registration.buffer().grow(device, page)?;
+    let mut view = registration.slice_bytes_mut::<f32>(..page)?;
+    view.copy_from_host(&input)?;
+    comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+    })?;
+    assert_eq!(view.to_vec()?, input);
+    registration.deregister()?;
+    // Dropped before them: the buffer's views, a shrink and an unmap come after it.
+    let registration = comm.register(&mut buffer, ..2 * page)?;
+    drop(registration);
+    assert_eq!(buffer.slice_bytes::<f32>(..page)?.to_vec()?, input);
+    buffer.shrink()?;
+    buffer.unmap(..)?;
+    assert_eq!(buffer.mapped_bytes(), 0);
+    let stats = comm.registration_stats();
+    assert_eq!((stats.registered, stats.deregistered), (2, 2));
+    Ok(())
+}
+
+fn ten_thousand_registrations_leak_nothing() -> TestResult {
+    let test = "ten_thousand_registrations_leak_nothing";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let context = Context::new(device)?;
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, 4 * page)?;
+    // One round first: NCCL sets up its registration cache once.
+    drop(comm.register(&mut buffer, ..)?);
+    let (before, _) = context.memory_info()?;
+    for round in 0..ROUNDS {
+        let bytes = match round % 3 {
+            0 => 0..4 * page,
+            1 => page..2 * page,
+            _ => 0..page,
+        };
+        drop(comm.register(&mut buffer, bytes)?);
+    }
+    let (after, _) = context.memory_info()?;
+    assert_eq!(
+        after, before,
+        "{test}: device free memory after {ROUNDS} rounds"
+    );
+    let stats = comm.registration_stats();
+    assert_eq!(stats.registered, ROUNDS + 1);
+    assert_eq!(
+        stats.deregistered, stats.registered,
+        "{test}: one deregister per register"
+    );
+    Ok(())
+}
+
+fn two_gpus_in_one_process() -> TestResult {
+    let test = "two_gpus_in_one_process";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let streams: Vec<_> = gpus.iter().map(|(_, s)| Arc::clone(s)).collect();
+    let comms = Comm::from_devices(&streams)?;
+    let mut buffers = Vec::new();
+    for (rank, (device, _)) in gpus.iter().enumerate() {
+        let page = page(*device);
+        let mut buffer = VirtualBuffer::new(1 << 30, &[*device], ReadWrite)?;
+        buffer.grow(*device, page)?;
+        buffer
+            .slice_bytes_mut::<f32>(..page)?
+            .copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
+        buffers.push(buffer);
+    }
+    let [b0, b1] = &mut buffers[..] else {
+        unreachable!("two buffers")
+    };
+    let (mut r0, mut r1) = (comms[0].register(b0, ..)?, comms[1].register(b1, ..)?);
+    let mut v0 = r0.slice_bytes_mut::<f32>(..)?;
+    let mut v1 = r1.slice_bytes_mut::<f32>(..)?;
+    comms[0].scope(|s0| {
+        comms[1].scope(|s1| -> Result<(), Error> {
+            let (mut l0, mut l1) = (s0.lend_mut(&mut v0)?, s1.lend_mut(&mut v1)?);
+            group(|| {
+                s0.all_reduce_in_place(&mut l0, ReduceOp::Sum)?;
+                s1.all_reduce_in_place(&mut l1, ReduceOp::Sum)
+            })
+        })
+    })?;
+    assert!(v0.to_vec()?.iter().all(|&x| x == 3.0), "{test}: rank 0");
+    assert!(v1.to_vec()?.iter().all(|&x| x == 3.0), "{test}: rank 1");
+    Ok(())
+}
+
+/// One rank of the two-process test: all-reduces `rank + 1` with the other and checks the sum.
+fn one_rank_of_two(
+    stream: &Arc<CudaStream>,
+    device: Device,
+    rank: usize,
+    id: &UniqueId,
+) -> TestResult {
+    let comm = Comm::from_rank(stream, rank, 2, id)?;
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let mut registration = comm.register(&mut buffer, ..)?;
+    let mut view = registration.slice_bytes_mut::<f32>(..)?;
+    view.copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
+    comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+    })?;
+    assert!(
+        view.to_vec()?.iter().all(|&x| x == 3.0),
+        "rank {rank}: the sum of both ranks"
+    );
+    Ok(())
+}
+
+fn two_processes_with_a_unique_id() -> TestResult {
+    let test = "two_processes_with_a_unique_id";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let id = UniqueId::new()?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .env(CHILD, "1")
+        .env("NCCL_NVLS_ENABLE", "0")
+        .stdin(Stdio::piped())
+        .spawn()?;
+    {
+        let stdin = child.stdin.as_mut().ok_or("the child's stdin")?;
+        id.write_to(&mut *stdin)?;
+    }
+    drop(child.stdin.take());
+    let (device, stream) = &gpus[0];
+    let mine = one_rank_of_two(stream, *device, 0, &id);
+    let status = child.wait()?;
+    mine?;
+    assert!(status.success(), "{test}: the child rank failed: {status}");
+    Ok(())
+}
+
+/// The child of [`two_processes_with_a_unique_id`]: rank 1 on GPU 1, its id read from stdin.
+fn child() -> TestResult {
+    let id = UniqueId::read_from(std::io::stdin().lock())?;
+    let ctx = CudaContext::new(1)?;
+    one_rank_of_two(&ctx.new_stream()?, Device::get(1)?, 1, &id)
+}
+
+fn main() -> ExitCode {
+    // SAFETY: the first statement of `main`: no other thread of this process runs yet, and nothing
+    // has read the environment concurrently.
+    unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    if std::env::var_os(CHILD).is_some() {
+        return match child() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "child rank: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let tests: [Test; 9] = [
+        ("nccl_loads_or_says_why", nccl_loads_or_says_why),
+        (
+            "single_rank_all_reduce_registered_and_not",
+            single_rank_all_reduce_registered_and_not,
+        ),
+        (
+            "all_four_collectives_on_one_rank",
+            all_four_collectives_on_one_rank,
+        ),
+        ("registration_refusals", registration_refusals),
+        ("window_registration", window_registration),
+        (
+            "registration_dropped_before_and_after_other_users",
+            registration_dropped_before_and_after_other_users,
+        ),
+        (
+            "ten_thousand_registrations_leak_nothing",
+            ten_thousand_registrations_leak_nothing,
+        ),
+        ("two_gpus_in_one_process", two_gpus_in_one_process),
+        (
+            "two_processes_with_a_unique_id",
+            two_processes_with_a_unique_id,
+        ),
+    ];
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut failed = 0;
+    println!("\nrunning {} tests", tests.len());
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        match std::panic::catch_unwind(test) {
+            Ok(Ok(())) => println!("test {name} ... ok"),
+            Ok(Err(e)) => {
+                failed += 1;
+                println!("test {name} ... FAILED: {e}");
+            }
+            Err(_) => {
+                failed += 1;
+                println!("test {name} ... FAILED (panicked)");
+            }
+        }
+    }
+    println!(
+        "\ntest result: {}. {failed} failed\n",
+        if failed == 0 { "ok" } else { "FAILED" }
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
