@@ -514,7 +514,7 @@ pub(crate) fn import_fd(
     device_ordinal: usize,
     granularity: usize,
 ) -> Result<PhysicalAllocation, Error> {
-    let (device, options) = check_importable(size, device_ordinal, granularity)?;
+    let (device, _exportable_there) = check_importable(size, device_ordinal, granularity)?;
     // An open descriptor is never negative.
     let raw = usize::try_from(fd.as_raw_fd()).map_err(|_| Error::InvalidArgument {
         what: "file descriptor",
@@ -534,7 +534,6 @@ pub(crate) fn import_fd(
     // Recorded without a shareable handle kind: the exporter shares the memory, and this process
     // does not export it again (the driver refused the export of a buffer holding imported pages
     // with CUDA_ERROR_INVALID_VALUE on an H200), so every export refuses it before any driver call.
-    let _exportable_there = options;
     let memory = PhysicalAllocation::from_imported(
         handle,
         size,
