@@ -1,6 +1,7 @@
 //! [`OwnedHostMapping`]: host memory mapped once into a reservation of its own, owning both, with its
 //! device grant and its CPU grant kept, so that it lives in a struct field and moves between threads.
 
+use crate::vmm::access::{retain_distinct, with_contexts};
 use core::fmt;
 use core::marker::PhantomData;
 
@@ -8,10 +9,10 @@ use bytemuck::Pod;
 
 use super::{HostAccess, HostAllocation, set_cpu_access};
 use crate::device::{Context, Device};
-use crate::error::{DriverError, DriverResult, Error, Result, check, first_error};
+use crate::error::{DriverError, Error, Result, check, first_error};
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
-use crate::vmm::access::{AccessMode, Contexts, ReadWrite, elements, revoke, set_access};
+use crate::vmm::access::{AccessMode, ReadWrite, elements, revoke, set_access};
 use crate::vmm::mapped::{Backing, MappedRange};
 use crate::vmm::physical::Location;
 use crate::vmm::reservation::VirtualReservation;
@@ -277,34 +278,4 @@ impl OwnedHostMapping<ReadWrite> {
             Reach::Owned(&self.access),
         ))
     }
-}
-
-/// One retained context per distinct device of `devices`, in order.
-///
-/// # Errors
-/// [`Error::ZeroSize`] for an empty list; the driver's error where a context cannot be retained.
-fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
-    if devices.is_empty() {
-        return Err(Error::ZeroSize { what: "access set" });
-    }
-    let mut contexts: Vec<Context> = Vec::with_capacity(devices.len());
-    for &device in devices {
-        if contexts.iter().all(|c| c.device() != device) {
-            contexts.push(Context::new(device)?);
-        }
-    }
-    Ok(contexts)
-}
-
-/// Calls `f` with the contexts as the grant helpers take them (one without a heap allocation); an
-/// empty list calls nothing.
-fn with_contexts(
-    contexts: &[Context],
-    f: impl FnOnce(Contexts<'_>) -> DriverResult<()>,
-) -> DriverResult<()> {
-    if let [one] = contexts {
-        return f(Contexts::One(one));
-    }
-    let refs: Vec<&Context> = contexts.iter().collect();
-    Contexts::many(&refs).map_or(Ok(()), f)
 }

@@ -1,6 +1,7 @@
 //! [`VirtualBuffer`]: one reservation, pages mapped and unmapped in it at any offset, a kept access
 //! set granted to every page once.
 
+use crate::vmm::access::{retain_distinct, with_contexts};
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::{Range, RangeBounds};
@@ -870,34 +871,6 @@ fn unmap_span(base: u64, table: &mut Table, span: Range<usize>) -> Result<usize,
 /// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device).
 fn granularity(device: Device) -> Result<usize, Error> {
     AllocationOptions::device(device).minimum_granularity_cached()
-}
-
-/// Retains the primary context of each device, once per device, in order.
-pub(super) fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
-    if devices.is_empty() {
-        return Err(Error::ZeroSize { what: "access set" });
-    }
-    let mut contexts: Vec<Context> = Vec::with_capacity(devices.len());
-    for &device in devices {
-        if contexts.iter().all(|c| c.device() != device) {
-            contexts.push(Context::new(device)?);
-        }
-    }
-    Ok(contexts)
-}
-
-/// Calls `f` with the contexts as the grant helpers take them (one without a heap allocation). An
-/// empty list grants nothing and calls nothing (an access set is never empty: `new` and `set_access`
-/// refuse one).
-pub(super) fn with_contexts(
-    contexts: &[Context],
-    f: impl FnOnce(Contexts<'_>) -> DriverResult<()>,
-) -> DriverResult<()> {
-    if let [one] = contexts {
-        return f(Contexts::One(one));
-    }
-    let refs: Vec<&Context> = contexts.iter().collect();
-    Contexts::many(&refs).map_or(Ok(()), f)
 }
 
 /// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole of `page`.

@@ -7,13 +7,14 @@ use core::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::buffer::{retain_distinct, with_cleanup, with_contexts};
+use super::buffer::with_cleanup;
 use super::mapping::OwnedMapping;
 use crate::device::{Context, Device};
 use crate::error::Error;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 use crate::vmm::access::{AccessMode, ReadWrite, elements, revoke, set_access};
+use crate::vmm::access::{retain_distinct, with_contexts};
 
 /// An [`OwnedMapping`] granted once to a set of devices, in mode `M`, with the grant kept: it has no
 /// lifetime, lives in a struct field or a `Vec` beside its access, and gives views of the whole

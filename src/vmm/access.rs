@@ -456,6 +456,38 @@ fn element_count(bytes: usize, element_size: usize) -> Result<usize, Error> {
     Ok(bytes / element_size)
 }
 
+/// Retains the primary context of each device, once per device, in order: an owned type's kept
+/// access set.
+///
+/// # Errors
+/// [`Error::ZeroSize`] for an empty list; the driver's error of a retain.
+pub(crate) fn retain_distinct(devices: &[Device]) -> Result<Vec<Context>, Error> {
+    if devices.is_empty() {
+        return Err(Error::ZeroSize { what: "access set" });
+    }
+    let mut contexts: Vec<Context> = Vec::with_capacity(devices.len());
+    for &device in devices {
+        if contexts.iter().all(|c| c.device() != device) {
+            contexts.push(Context::new(device)?);
+        }
+    }
+    Ok(contexts)
+}
+
+/// Calls `f` with the contexts as the grant helpers take them (one without a heap allocation). An
+/// empty list grants nothing and calls nothing (a kept access set is never empty: the owned types
+/// refuse one).
+pub(crate) fn with_contexts(
+    contexts: &[Context],
+    f: impl FnOnce(Contexts<'_>) -> DriverResult<()>,
+) -> DriverResult<()> {
+    if let [one] = contexts {
+        return f(Contexts::One(one));
+    }
+    let refs: Vec<&Context> = contexts.iter().collect();
+    Contexts::many(&refs).map_or(Ok(()), f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{element_count, elements};
