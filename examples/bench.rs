@@ -2123,6 +2123,7 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
     let stream = cuda_vmm::Stream::new(ctx)?;
     retire_row(ctx, g, &kernel, &raw_kernel, &stream, rows)?;
     vmm_calls_beside_queued_work(ctx, g, &kernel, &stream)?;
+    raw_decode_row(ctx, g, &raw_kernel, &stream, rows)?;
     for (spin_ns, reps) in [(100_000, 40), (0, 400)] {
         decode_row(ctx, g, &kernel, &stream, spin_ns, reps, rows)?;
     }
@@ -2727,5 +2728,108 @@ fn vmm_calls_beside_queued_work(
         );
     }
     busy.free()?;
+    Ok(())
+}
+
+/// The decode loop of [`decode_row`] in raw calls only, a 100 µs kernel per step: a new page mapped
+/// (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) every 8 steps while the kernels run, against the
+/// same loop over two pages mapped before it. Each run is timed from its first launch to the end of
+/// its `cuStreamSynchronize`; the pages a growing run mapped are unmapped and released after it,
+/// untimed. So the row shows what mapping pages beside running kernels costs the driver alone,
+/// with no release in the loop: the floor under the crate's decode row.
+fn raw_decode_row(
+    ctx: &Context,
+    g: usize,
+    raw_kernel: &RawSpin,
+    stream: &cuda_vmm::Stream,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    const SPIN_NS: u64 = 100_000;
+    let device = ctx.device();
+    let pages = DECODE_STEPS / DECODE_EVERY + 1;
+    let reservation = VirtualReservation::new((pages + 2) * g, 0)?;
+    let base = reservation.base();
+    let (prop, desc) = page_props(device);
+    let raw_stream = stream.as_raw().cast::<c_void>();
+    let n = u32::try_from(DECODE_TOKEN / 4)?;
+    let token = DECODE_TOKEN as u64;
+    let map = |at: u64| -> BenchResult<u64> {
+        let mut handle = 0u64;
+        // SAFETY: a fresh allocation of `g` bytes mapped at `at`, a granularity-aligned, unmapped
+        // page of `reservation`, and granted whole; the context is current (bound by the caller).
+        unsafe {
+            ok(raw::cuMemCreate(&raw mut handle, g, &raw const prop, 0))?;
+            ok(raw::cuMemMap(at, g, 0, handle, 0))?;
+            ok(raw::cuMemSetAccess(at, g, &raw const desc, 1))?;
+        }
+        Ok(handle)
+    };
+    let unmap = |at: u64, handle: u64| -> BenchResult<()> {
+        // SAFETY: the mapping `map` made at `at`, once, after the stream was waited for.
+        unsafe {
+            ok(raw::cuMemUnmap(at, g))?;
+            ok(raw::cuMemRelease(handle))
+        }
+    };
+    let fixed_at = base + (pages * g) as u64;
+    ctx.bind_to_thread()?;
+    let fixed = [map(fixed_at)?, map(fixed_at + g as u64)?];
+    let slots_fixed = 2 * g / DECODE_TOKEN;
+    let growing = || -> BenchResult<f64> {
+        ctx.bind_to_thread()?;
+        let mut mapped = vec![(base, map(base)?)];
+        let started = Instant::now();
+        let mut last = base;
+        for step in 1..DECODE_STEPS {
+            let page = step / DECODE_EVERY;
+            if step % DECODE_EVERY == 0 {
+                let at = base + (page * g) as u64;
+                mapped.push((at, map(at)?));
+            }
+            let dst = base + (page * g) as u64 + (step % DECODE_EVERY) as u64 * token;
+            // SAFETY: `dst` and `last` are `n` values of mapped, granted pages of this run, which
+            // are unmapped only after the stream has been waited for below.
+            unsafe { raw_kernel.launch(raw_stream, 1, (dst, last, n, SPIN_NS))? };
+            last = dst;
+        }
+        // SAFETY: a live stream of the current context.
+        ok(unsafe { raw::cuStreamSynchronize(raw_stream) })?;
+        let took = started.elapsed().as_secs_f64();
+        for (at, handle) in mapped {
+            unmap(at, handle)?;
+        }
+        Ok(took)
+    };
+    let preallocated = || -> BenchResult<f64> {
+        ctx.bind_to_thread()?;
+        let started = Instant::now();
+        let mut last = fixed_at;
+        for step in 1..DECODE_STEPS {
+            let dst = fixed_at + (step % slots_fixed) as u64 * token;
+            // SAFETY: `dst` and `last` are `n` values of the two pages mapped before the loop.
+            unsafe { raw_kernel.launch(raw_stream, 1, (dst, last, n, SPIN_NS))? };
+            last = dst;
+        }
+        // SAFETY: a live stream of the current context.
+        ok(unsafe { raw::cuStreamSynchronize(raw_stream) })?;
+        Ok(started.elapsed().as_secs_f64())
+    };
+    let (grow_t, prealloc_t, paired) = race_paired_parts(40, growing, preallocated)?;
+    for (i, handle) in fixed.into_iter().enumerate() {
+        unmap(fixed_at + (i * g) as u64, handle)?;
+    }
+    let per_step = 1e6 / float(DECODE_STEPS);
+    rows.push(Row {
+        name: format!(
+            "raw decode loop, a 100 us kernel per step: cuMemCreate + cuMemMap + cuMemSetAccess of \
+             a {} MiB page every {DECODE_EVERY} steps vs two pages mapped before, per step (us)",
+            g >> 20
+        ),
+        unit: "us",
+        safe: grow_t * per_step,
+        raw: prealloc_t * per_step,
+        paired: Some(paired),
+        goal: "report: the driver's floor under the decode row",
+    });
     Ok(())
 }
