@@ -11,16 +11,15 @@
 
 mod common;
 
-use std::os::fd::{AsFd, OwnedFd};
+use common::processes::{
+    self, expect_byte, receive_byte, send_byte, settled_free, shareable_gpu_or_skip, wait_success,
+};
+
 use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use cuda_vmm::ipc::{ExportedAllocation, ExportedBuffer, PosixFd, ShareableAllocation};
 use cuda_vmm::owned::{PageOptions, SharedPage, SharedReservation, Unmapped};
-use cuda_vmm::{
-    Context, Device, Error, Granularity, ReadWrite, VirtualBuffer, allocation_granularity,
-};
+use cuda_vmm::{Device, Error, Granularity, ReadWrite, VirtualBuffer, allocation_granularity};
 
 const CHILD: &str = "CUDA_VMM_EXPORTABLE_CHILD";
 
@@ -32,69 +31,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Starts this test binary again as the child of `test` in `role`, with `socket` as its standard
+/// input.
+fn spawn_child(test: &str, role: &str, socket: UnixStream) -> std::process::Child {
+    processes::spawn_child(CHILD, test, role, socket)
+}
+
 fn child_role() -> Option<String> {
     std::env::var(CHILD).ok()
-}
-
-fn spawn_child(test: &str, role: &str, socket: UnixStream) -> Child {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut command = Command::new(exe);
-    command
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, role)
-        .stdin(Stdio::from(OwnedFd::from(socket)));
-    let child = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("{test}: spawning the child: {e}"));
-    drop(command);
-    child
-}
-
-fn send_byte(socket: impl AsFd, byte: u8) {
-    let n = rustix::io::retry_on_intr(|| rustix::io::write(&socket, &[byte])).expect("write");
-    assert_eq!(n, 1);
-}
-
-fn receive_byte(socket: impl AsFd) -> u8 {
-    let mut byte = [0u8; 1];
-    let n = rustix::io::retry_on_intr(|| rustix::io::read(&socket, &mut byte)).expect("read");
-    assert_eq!(n, 1, "the other process ended the connection");
-    byte[0]
-}
-
-fn expect_byte(socket: impl AsFd, expected: u8) {
-    assert_eq!(
-        receive_byte(socket) as char,
-        expected as char,
-        "step out of order"
-    );
-}
-
-fn wait_success(mut child: Child, test: &str) {
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "{test}: the child failed: {status}");
-}
-
-fn settled_free(ctx: &Context, expected: usize) -> usize {
-    let start = Instant::now();
-    loop {
-        let (free, _) = ctx.memory_info().unwrap();
-        if free == expected || start.elapsed() > Duration::from_secs(10) {
-            return free;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn shareable_gpu_or_skip(test: &str) -> Option<(Device, Context)> {
-    let (device, ctx) = common::gpu_or_skip(test)?;
-    if !device.supports_posix_fd_handles().unwrap() {
-        common::skip(&format!(
-            "SKIPPED {test}: {device:?} cannot export memory as a POSIX file descriptor"
-        ));
-        return None;
-    }
-    Some((device, ctx))
 }
 
 fn pattern(bytes: usize, seed: u32) -> Vec<u32> {

@@ -4,6 +4,9 @@
 
 use core::ffi::c_void;
 
+#[cfg(target_os = "linux")]
+pub mod processes;
+
 use cuda_vmm::{Context, Device, DriverError};
 
 // The driver's own symbols with integer results, for what the safe API does not (or must not) offer:
