@@ -134,12 +134,18 @@ impl Stream {
         wait::stream(self.context.as_raw(), self.raw)
     }
 
+    /// `cuStreamIsCapturing` — whether the stream is capturing a graph (valid or invalidated), its
+    /// context bound first and left current.
+    pub(crate) fn is_capturing(&self) -> Result<bool, Error> {
+        self.context.bind_to_thread()?;
+        Ok(wait::is_capturing(self.raw)?)
+    }
+
     /// `cuStreamIsCapturing` — `Ok` where the stream is not capturing a graph: the check before any
     /// work that borrows memory is queued on it (a graph could run that work after the scope). Leaves
     /// the stream's context current, for the enqueue that follows.
     fn admit_work(&self) -> Result<(), Error> {
-        self.context.bind_to_thread()?;
-        if wait::is_capturing(self.raw)? {
+        if self.is_capturing()? {
             return Err(Error::StreamCapturing {
                 what: "work that borrows memory is not queued on a capturing stream: the graph \
                        could run it after the scope",

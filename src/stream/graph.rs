@@ -159,8 +159,7 @@ impl<'g> Graph<'g> {
     where
         F: FnOnce(&Capture<'_, 'g>) -> Result<(), Error>,
     {
-        stream.context().bind_to_thread()?;
-        if wait::is_capturing(stream.as_raw())? {
+        if stream.is_capturing()? {
             return Err(Error::StreamCapturing {
                 what: "a graph is captured only on a stream that is not capturing already",
             });

@@ -10,7 +10,6 @@ use crate::stream::{Event, Stream};
 use crate::sys;
 use crate::view::range_bounds;
 use crate::vmm::access::AccessMode;
-use crate::wait;
 
 use super::evict::check_not_evicted;
 use super::{BUDGET, Page, Retiring, Table, VirtualBuffer, bump};
@@ -198,7 +197,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 });
             }
             each(&mut |stream| {
-                if capturing(stream)? {
+                if stream.is_capturing()? {
                     Err(Error::StreamCapturing {
                         what: "a retire is not ordered after a capturing stream: its event would \
                                be a node of the graph, not a mark of the stream",
@@ -248,7 +247,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         // which returns only once the work has finished (or aborts).
         let mut captured = false;
         let _ = each(&mut |stream| {
-            captured |= capturing(stream).unwrap_or(true);
+            captured |= stream.is_capturing().unwrap_or(true);
             Ok(())
         });
         if recorded.is_err() || captured {
@@ -259,12 +258,6 @@ impl<M: AccessMode> VirtualBuffer<M> {
         table.retiring.push(Retiring { offsets, events });
         recorded.map(|()| count)
     }
-}
-
-/// Whether `stream` is capturing a graph (`cuStreamIsCapturing`, its context bound first).
-fn capturing(stream: &Stream) -> Result<bool, Error> {
-    stream.context().bind_to_thread()?;
-    Ok(wait::is_capturing(stream.as_raw())?)
 }
 
 // The page table of a buffer lent to a scope admits each lend of one of its views.
