@@ -98,6 +98,10 @@ mod raw {
             bytes: usize,
         ) -> u32;
         pub(crate) fn cuStreamSynchronize(stream: *mut c_void) -> u32;
+        pub(crate) fn cuEventCreate(event: *mut *mut c_void, flags: u32) -> u32;
+        pub(crate) fn cuEventRecord(event: *mut c_void, stream: *mut c_void) -> u32;
+        pub(crate) fn cuEventQuery(event: *mut c_void) -> u32;
+        pub(crate) fn cuEventDestroy_v2(event: *mut c_void) -> u32;
         pub(crate) fn cuCtxSynchronize() -> u32;
         pub(crate) fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
         pub(crate) fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
@@ -2123,9 +2127,14 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
     let stream = cuda_vmm::Stream::new(ctx)?;
     retire_row(ctx, g, &kernel, &raw_kernel, &stream, rows)?;
     vmm_calls_beside_queued_work(ctx, g, &kernel, &stream)?;
-    raw_decode_row(ctx, g, &raw_kernel, &stream, rows)?;
-    for (spin_ns, reps) in [(100_000, 40), (0, 400)] {
-        decode_row(ctx, g, &kernel, &stream, spin_ns, reps, rows)?;
+    raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Unbounded, rows)?;
+    raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Steps(2), rows)?;
+    for (spin_ns, lead, reps) in [
+        (100_000, Lead::Steps(2), 40),
+        (100_000, Lead::Unbounded, 40),
+        (0, Lead::Unbounded, 400),
+    ] {
+        decode_row(ctx, g, &kernel, &stream, spin_ns, lead, reps, rows)?;
     }
     shared_map_rows(ctx, g, rows)
 }
@@ -2230,21 +2239,78 @@ const DECODE_EVERY: usize = 8;
 /// The bytes each step writes (a token), read by the next step.
 const DECODE_TOKEN: usize = 4096;
 
+/// How far the host may run ahead of the device in a decode loop.
+#[derive(Clone, Copy)]
+enum Lead {
+    /// The whole loop is queued at once: every retire's event is still pending when the host
+    /// reaches the next map, so the pages are released only by the next run's first map, before it
+    /// queues anything (with the device idle).
+    Unbounded,
+    /// As an engine that reads each step's token before it plans the next: before step `i`, the
+    /// host waits (polling an event, `cuEventQuery`) until step `i - n` has finished. The releases
+    /// then happen inside the loop, beside the running kernels.
+    Steps(usize),
+}
+
+/// Keeps the host at most `lead` steps ahead of `stream`: call it before queuing step `step`, and
+/// [`Pacer::record`] after.
+struct Pacer {
+    events: Vec<cuda_vmm::Event>,
+}
+
+impl Pacer {
+    fn new(ctx: &Context, lead: Lead) -> BenchResult<Pacer> {
+        let n = match lead {
+            Lead::Unbounded => 0,
+            Lead::Steps(n) => n,
+        };
+        let events = (0..n)
+            .map(|_| cuda_vmm::Event::new(ctx))
+            .collect::<Result<_, _>>()?;
+        Ok(Pacer { events })
+    }
+
+    /// Polls until the step `lead` steps before `step` has finished (nothing before the first
+    /// `lead` steps).
+    fn before(&self, step: usize) -> cuda_vmm::Result<()> {
+        if self.events.is_empty() || step < self.events.len() {
+            return Ok(());
+        }
+        let event = &self.events[step % self.events.len()];
+        while !event.is_complete()? {
+            core::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Records step `step`'s end on `stream`.
+    fn record(&self, stream: &cuda_vmm::Stream, step: usize) -> cuda_vmm::Result<()> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        stream.record(&self.events[step % self.events.len()])
+    }
+}
+
 /// A decode loop's time per step, in one scope on one stream, the scope's closing wait included:
 /// each step launches `spin_add_one` (`spin_ns` of spin, then one token of 4 KiB written from the
 /// step before's). The growing loop maps a new page of `g` bytes (`ScopedBuffer::map_page`) every
 /// 8 steps, writes the next 8 tokens there and retires the page before (`ScopedBuffer::retire`),
 /// and retires its last page at the end; the preallocated loop writes the same tokens round two
-/// pages of a `VirtualBuffer` mapped before, lent the same way, with no map or retire.
+/// pages of a `VirtualBuffer` mapped before, lent the same way, with no map or retire. Both loops
+/// are paced alike (`lead`).
+#[allow(clippy::too_many_arguments)]
 fn decode_row(
     ctx: &Context,
     g: usize,
     kernel: &cuda_vmm::module::Function<'_>,
     stream: &cuda_vmm::Stream,
     spin_ns: u64,
+    lead: Lead,
     reps: usize,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
+    let pacer = Pacer::new(ctx, lead)?;
     // Slots of the growing buffer: one run maps `DECODE_STEPS / DECODE_EVERY` pages, at slots after
     // the last run's, whose retires the scope's wait finished (so the next map releases them).
     let ring = 2 * (DECODE_STEPS / DECODE_EVERY + 1);
@@ -2263,6 +2329,7 @@ fn decode_row(
             let mut tokens = token_slots(&kv, page, DECODE_EVERY)?;
             let mut last = w.memset(&mut tokens[0], 0)?;
             for step in 1..DECODE_STEPS {
+                pacer.before(step)?;
                 if step % DECODE_EVERY == 0 {
                     let old = page;
                     page = (next % ring) * g;
@@ -2274,6 +2341,7 @@ fn decode_row(
                 } else {
                     last = decode_step(w, kernel, &mut tokens[step % DECODE_EVERY], last, spin_ns)?;
                 }
+                pacer.record(stream, step)?;
             }
             kv.retire(page..page + g)?;
             Ok(())
@@ -2287,8 +2355,10 @@ fn decode_row(
             tokens.extend(token_slots(&kv, g, DECODE_EVERY)?);
             let mut last = w.memset(&mut tokens[0], 0)?;
             for step in 1..DECODE_STEPS {
+                pacer.before(step)?;
                 let slot = step % tokens.len();
                 last = decode_step(w, kernel, &mut tokens[slot], last, spin_ns)?;
+                pacer.record(stream, step)?;
             }
             Ok(())
         })?;
@@ -2297,18 +2367,27 @@ fn decode_row(
     warm_up(0.3, &mut grow_loop, &mut fixed_loop)?;
     let (grow_t, fixed_t, paired) = race_paired(reps, &mut grow_loop, &mut fixed_loop)?;
     let per_step = 1e6 / float(DECODE_STEPS);
-    let (name, goal) = if spin_ns == 0 {
-        (
+    let (name, goal) = match (spin_ns, lead) {
+        (0, _) => (
             "a kernel with no spin (host-bound)",
             "report: the map and retire calls show",
-        )
-    } else {
-        ("a 100 us kernel", "growing/preallocated <= 1.02")
+        ),
+        (_, Lead::Unbounded) => (
+            "a 100 us kernel, the whole loop queued at once (releases land at the next run's start, \
+             device idle)",
+            "report",
+        ),
+        (_, Lead::Steps(_)) => ("a 100 us kernel", "growing/preallocated <= 1.02"),
+    };
+    let pacing = match lead {
+        Lead::Unbounded => String::new(),
+        Lead::Steps(n) => format!(", the host at most {n} steps ahead"),
     };
     rows.push(Row {
         name: format!(
-            "decode loop in one scope, {name} per step: mapping + retiring a {} MiB page every \
-             {DECODE_EVERY} steps vs a preallocated VirtualBuffer (no map, no retire), per step (us)",
+            "decode loop in one scope, {name} per step{pacing}: mapping + retiring a {} MiB page \
+             every {DECODE_EVERY} steps vs a preallocated VirtualBuffer (no map, no retire), per \
+             step (us)",
             g >> 20
         ),
         unit: "us",
@@ -2733,15 +2812,23 @@ fn vmm_calls_beside_queued_work(
 
 /// The decode loop of [`decode_row`] in raw calls only, a 100 µs kernel per step: a new page mapped
 /// (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) every 8 steps while the kernels run, against the
-/// same loop over two pages mapped before it. Each run is timed from its first launch to the end of
-/// its `cuStreamSynchronize`; the pages a growing run mapped are unmapped and released after it,
-/// untimed. So the row shows what mapping pages beside running kernels costs the driver alone,
-/// with no release in the loop: the floor under the crate's decode row.
+/// same loop over two pages mapped before it, both paced alike (`lead`). Each run is timed from its
+/// first launch to the end of its `cuStreamSynchronize`.
+///
+/// - `Lead::Unbounded`: the pages a growing run mapped are unmapped and released after it, untimed:
+///   what mapping pages beside running kernels costs the driver alone.
+/// - `Lead::Steps(n)`: as the crate's retire and reclaim do, an event (`cuEventRecord`) follows the
+///   kernel that read a page's last token, and each new map first releases (`cuMemUnmap`,
+///   `cuMemRelease`) the pages whose events have completed (`cuEventQuery`), beside the running
+///   kernels; what is still pending at the end is released after the run, untimed. The driver's
+///   floor under the crate's paced decode row.
+#[allow(clippy::too_many_lines)]
 fn raw_decode_row(
     ctx: &Context,
     g: usize,
     raw_kernel: &RawSpin,
     stream: &cuda_vmm::Stream,
+    lead: Lead,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
     const SPIN_NS: u64 = 100_000;
@@ -2753,6 +2840,8 @@ fn raw_decode_row(
     let raw_stream = stream.as_raw().cast::<c_void>();
     let n = u32::try_from(DECODE_TOKEN / 4)?;
     let token = DECODE_TOKEN as u64;
+    let pacer = Pacer::new(ctx, lead)?;
+    let release_in_loop = matches!(lead, Lead::Steps(_));
     let map = |at: u64| -> BenchResult<u64> {
         let mut handle = 0u64;
         // SAFETY: a fresh allocation of `g` bytes mapped at `at`, a granularity-aligned, unmapped
@@ -2765,11 +2854,38 @@ fn raw_decode_row(
         Ok(handle)
     };
     let unmap = |at: u64, handle: u64| -> BenchResult<()> {
-        // SAFETY: the mapping `map` made at `at`, once, after the stream was waited for.
+        // SAFETY: the mapping `map` made at `at`, once, after every kernel that used it finished
+        // (the stream was waited for, or the event recorded after its last use completed).
         unsafe {
             ok(raw::cuMemUnmap(at, g))?;
             ok(raw::cuMemRelease(handle))
         }
+    };
+    // One event per page that can be pending at once (a run retires `pages - 1` pages in the loop).
+    let mut events = Vec::with_capacity(pages);
+    for _ in 0..pages {
+        let mut event = core::ptr::null_mut();
+        ctx.bind_to_thread()?;
+        // SAFETY: `event` is writable; flag 2 is CU_EVENT_DISABLE_TIMING; the context is current.
+        ok(unsafe { raw::cuEventCreate(&raw mut event, 2) })?;
+        events.push(event);
+    }
+    // Releases the retired pages (address, handle, event index; in retire order) whose events
+    // have completed, as the crate's reclaim does.
+    let release_finished = |retired: &mut Vec<(u64, u64, usize)>| -> BenchResult<()> {
+        while let Some(&(at, handle, e)) = retired.first() {
+            // SAFETY: a live event of the current context, recorded on `raw_stream` after the last
+            // kernel that read its page; the page is unmapped only once it has completed.
+            match unsafe { raw::cuEventQuery(events[e]) } {
+                0 => {
+                    unmap(at, handle)?;
+                    retired.remove(0);
+                }
+                600 => break, // CUDA_ERROR_NOT_READY
+                code => ok(code)?,
+            }
+        }
+        Ok(())
     };
     let fixed_at = base + (pages * g) as u64;
     ctx.bind_to_thread()?;
@@ -2778,23 +2894,42 @@ fn raw_decode_row(
     let growing = || -> BenchResult<f64> {
         ctx.bind_to_thread()?;
         let mut mapped = vec![(base, map(base)?)];
+        // Retired pages: (address, handle, event index), in retire order.
+        let mut retired: Vec<(u64, u64, usize)> = Vec::new();
         let started = Instant::now();
         let mut last = base;
         for step in 1..DECODE_STEPS {
+            pacer.before(step)?;
+            ctx.bind_to_thread()?;
             let page = step / DECODE_EVERY;
             if step % DECODE_EVERY == 0 {
+                if release_in_loop {
+                    release_finished(&mut retired)?;
+                }
                 let at = base + (page * g) as u64;
                 mapped.push((at, map(at)?));
             }
             let dst = base + (page * g) as u64 + (step % DECODE_EVERY) as u64 * token;
             // SAFETY: `dst` and `last` are `n` values of mapped, granted pages of this run, which
-            // are unmapped only after the stream has been waited for below.
+            // are unmapped only after the kernels that use them have finished.
             unsafe { raw_kernel.launch(raw_stream, 1, (dst, last, n, SPIN_NS))? };
+            if release_in_loop && step % DECODE_EVERY == 0 {
+                // The page before has had its last token read by this kernel: retire it.
+                let (at, handle) = mapped.remove(0);
+                let e = page - 1;
+                // SAFETY: a live event and stream of the current context.
+                ok(unsafe { raw::cuEventRecord(events[e], raw_stream) })?;
+                retired.push((at, handle, e));
+            }
+            pacer.record(stream, step)?;
             last = dst;
         }
         // SAFETY: a live stream of the current context.
         ok(unsafe { raw::cuStreamSynchronize(raw_stream) })?;
         let took = started.elapsed().as_secs_f64();
+        for (at, handle, _) in retired {
+            unmap(at, handle)?;
+        }
         for (at, handle) in mapped {
             unmap(at, handle)?;
         }
@@ -2805,9 +2940,11 @@ fn raw_decode_row(
         let started = Instant::now();
         let mut last = fixed_at;
         for step in 1..DECODE_STEPS {
+            pacer.before(step)?;
             let dst = fixed_at + (step % slots_fixed) as u64 * token;
             // SAFETY: `dst` and `last` are `n` values of the two pages mapped before the loop.
             unsafe { raw_kernel.launch(raw_stream, 1, (dst, last, n, SPIN_NS))? };
+            pacer.record(stream, step)?;
             last = dst;
         }
         // SAFETY: a live stream of the current context.
@@ -2818,18 +2955,37 @@ fn raw_decode_row(
     for (i, handle) in fixed.into_iter().enumerate() {
         unmap(fixed_at + (i * g) as u64, handle)?;
     }
+    for event in events {
+        // SAFETY: an event created above, destroyed once; the stream was waited for.
+        ok(unsafe { raw::cuEventDestroy_v2(event) })?;
+    }
     let per_step = 1e6 / float(DECODE_STEPS);
+    let (what, goal) = match lead {
+        Lead::Unbounded => (
+            "the whole loop queued at once, nothing released in the loop".to_string(),
+            "report: the driver's floor under the decode row",
+        ),
+        Lead::Steps(n) => (
+            format!(
+                "the host at most {n} steps ahead, pages released in the loop once an event \
+                 after their last read completed (cuEventRecord, cuEventQuery, cuMemUnmap, \
+                 cuMemRelease)"
+            ),
+            "report: the driver's floor under the paced decode row",
+        ),
+    };
     rows.push(Row {
         name: format!(
-            "raw decode loop, a 100 us kernel per step: cuMemCreate + cuMemMap + cuMemSetAccess of \
-             a {} MiB page every {DECODE_EVERY} steps vs two pages mapped before, per step (us)",
+            "raw decode loop, a 100 us kernel per step, {what}: cuMemCreate + cuMemMap + \
+             cuMemSetAccess of a {} MiB page every {DECODE_EVERY} steps vs two pages mapped before, \
+             per step (us)",
             g >> 20
         ),
         unit: "us",
         safe: grow_t * per_step,
         raw: prealloc_t * per_step,
         paired: Some(paired),
-        goal: "report: the driver's floor under the decode row",
+        goal,
     });
     Ok(())
 }
