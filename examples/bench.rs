@@ -226,6 +226,12 @@ impl Row {
 }
 
 fn main() -> ExitCode {
+    // NVLink SHARP off before NCCL reads its environment (it would create multicast objects).
+    // SAFETY: the first statement of `main`: no other thread of this process runs yet.
+    #[cfg(feature = "nccl")]
+    unsafe {
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -307,6 +313,8 @@ fn run() -> BenchResult<()> {
     host_and_ipc(ctx, &mut rows, &mut not_run)?;
     #[cfg(feature = "cudarc")]
     cudarc_rows(ctx, &mut rows, &mut not_run)?;
+    #[cfg(feature = "nccl")]
+    nccl_rows(ctx, &mut rows, &mut not_run)?;
 
     report(&device.name()?, devices.len(), &rows, &not_run)
 }
@@ -2987,5 +2995,163 @@ fn raw_decode_row(
         paired: Some(paired),
         goal,
     });
+    Ok(())
+}
+
+/// NCCL (feature `nccl`), one rank on GPU 0: `Comm::register` + drop against raw `ncclCommRegister`
+/// and `ncclCommDeregister` of the same bytes (with a raw-against-raw calibration row), and a
+/// single-rank all-reduce (out of place: in place, one rank queues nothing) on `VirtualBuffer`
+/// memory lent in `Comm::scope` against the same `ncclAllReduce` + `cuStreamSynchronize` on
+/// `ncclMemAlloc` memory. Where NCCL cannot be loaded, a line in `not_run` says why.
+#[cfg(feature = "nccl")]
+#[allow(clippy::too_many_lines)] // one row group, read top to bottom
+fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
+    use cuda_vmm::interop::nccl::{self, Comm, ReduceOp};
+    use cuda_vmm::{ReadWrite, VirtualBuffer};
+    use cudarc::driver::CudaContext;
+
+    type Register = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> i32;
+    type Deregister = unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32;
+    type AllReduce = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        i32,
+        i32,
+        *mut c_void,
+        *mut c_void,
+    ) -> i32;
+    type MemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> i32;
+    type MemFree = unsafe extern "C" fn(*mut c_void) -> i32;
+    fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(format!("{call} failed: {code}").into())
+        }
+    }
+
+    const REGISTERED: usize = 64 << 20;
+    if let Err(e) = nccl::version() {
+        not_run.push(format!("nccl rows: {e}"));
+        return Ok(());
+    }
+    let device = ctx.device();
+    if ctx.memory_info()?.0 < 4 * GIB + HEADROOM {
+        not_run.push("nccl rows: need 4 GiB free on GPU 0".to_owned());
+        return Ok(());
+    }
+    // SAFETY: opens the NCCL that `nccl::version` just loaded (its constructors ran already), kept
+    // open until the end of this function, after every use of the functions below.
+    let library = unsafe { libloading::Library::new("libnccl.so.2") }
+        .or_else(|_| unsafe { libloading::Library::new("libnccl.so") })?;
+    // SAFETY: each type is the C signature of its function in NCCL 2.28's `nccl.h`, with `int` for
+    // `ncclResult_t` and the enums; the pointers are used only while `library` is open.
+    let (register, deregister, all_reduce, mem_alloc, mem_free) = unsafe {
+        (
+            *library.get::<Register>(b"ncclCommRegister\0")?,
+            *library.get::<Deregister>(b"ncclCommDeregister\0")?,
+            *library.get::<AllReduce>(b"ncclAllReduce\0")?,
+            *library.get::<MemAlloc>(b"ncclMemAlloc\0")?,
+            *library.get::<MemFree>(b"ncclMemFree\0")?,
+        )
+    };
+    let stream = CudaContext::new(device.ordinal())?.new_stream()?;
+    let comm = Comm::from_devices(&[stream])?.remove(0);
+    let (raw_comm, raw_stream) = (comm.as_raw(), comm.stream().cu_stream().cast::<c_void>());
+
+    // Registration.
+    let mut buffer = VirtualBuffer::new(GIB, &[device], ReadWrite)?;
+    buffer.grow(device, REGISTERED)?;
+    let base = usize::try_from(buffer.base())? as *mut c_void;
+    let mut safe_register = || -> BenchResult<()> {
+        drop(comm.register(&mut buffer, ..REGISTERED)?);
+        Ok(())
+    };
+    let raw_register = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        let mut handle = core::ptr::null_mut();
+        // SAFETY: a live communicator of this context; the bytes are mapped and granted for the
+        // whole function; the handle is deregistered at once, with nothing queued on it.
+        let code = unsafe { register(raw_comm, base, REGISTERED, &raw mut handle) };
+        nccl_ok(code, "ncclCommRegister")?;
+        // SAFETY: the handle just made, deregistered once.
+        nccl_ok(
+            unsafe { deregister(raw_comm, handle) },
+            "ncclCommDeregister",
+        )
+    };
+    let (a, b, calibration) = race_paired(2000, raw_register, raw_register)?;
+    rows.push(Row {
+        name: "nccl: ncclCommRegister + ncclCommDeregister of 64 MiB, raw vs raw (us)".to_owned(),
+        unit: "us",
+        safe: a * 1e6,
+        raw: b * 1e6,
+        paired: Some(calibration),
+        goal: "calibration: ~1",
+    });
+    let (safe, raw_t, paired) = race_paired(2000, &mut safe_register, raw_register)?;
+    rows.push(Row {
+        name: "nccl: Comm::register + drop of 64 MiB of a VirtualBuffer vs the raw calls (us)"
+            .to_owned(),
+        unit: "us",
+        safe: safe * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.01",
+    });
+    drop(buffer);
+
+    // Single-rank all-reduce, out of place.
+    for (label, bytes, reps) in [("64 MiB", 64usize << 20, 500), ("1 GiB", GIB, 100)] {
+        let mut buffer = VirtualBuffer::new(2 * bytes, &[device], ReadWrite)?;
+        buffer.grow(device, 2 * bytes)?;
+        let view = buffer.slice_bytes_mut::<f32>(..)?;
+        let (send, mut recv) = view.split_at_mut(bytes / 4)?;
+        ctx.bind_to_thread()?;
+        let mut raw_memory = core::ptr::null_mut();
+        // SAFETY: `raw_memory` is writable; a context is current (bound just above).
+        let code = unsafe { mem_alloc(&raw mut raw_memory, 2 * bytes) };
+        nccl_ok(code, "ncclMemAlloc")?;
+        let mut safe_reduce = || -> BenchResult<()> {
+            comm.scope(|s| -> BenchResult<()> {
+                let send = s.lend(&send)?;
+                let mut recv = s.lend_mut(&mut recv)?;
+                s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+                Ok(())
+            })
+        };
+        let mut raw_reduce = || -> BenchResult<()> {
+            ctx.bind_to_thread()?;
+            let src = raw_memory.cast_const();
+            // SAFETY: `2 * bytes` bytes from `ncclMemAlloc`, alive until after this loop: the
+            // first half reduced into the second, `bytes / 4` floats (ncclFloat32 7, ncclSum 0).
+            let dst = unsafe { raw_memory.cast::<u8>().add(bytes) }.cast::<c_void>();
+            // SAFETY: as above, on the communicator's stream, waited for just below.
+            let code = unsafe { all_reduce(src, dst, bytes / 4, 7, 0, raw_comm, raw_stream) };
+            nccl_ok(code, "ncclAllReduce")?;
+            // SAFETY: the communicator's live stream, of the current context.
+            ok(unsafe { raw::cuStreamSynchronize(raw_stream) })
+        };
+        warm_up(0.5, &mut safe_reduce, &mut raw_reduce)?;
+        let (safe, raw_t, paired) = race_paired(reps, &mut safe_reduce, &mut raw_reduce)?;
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl: single-rank all-reduce of {label}, VirtualBuffer lent in Comm::scope vs \
+                     ncclAllReduce + synchronize on ncclMemAlloc memory (GB/s reduced)"
+                ),
+                bytes,
+                safe,
+                raw_t,
+                "safe/raw >= 0.99",
+            )
+            .with_paired_times(paired),
+        );
+        // SAFETY: memory from `ncclMemAlloc`, freed once; its last all-reduce was waited for.
+        nccl_ok(unsafe { mem_free(raw_memory) }, "ncclMemFree")?;
+    }
+    drop(comm);
+    drop(library);
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! NCCL on VMM memory against a real driver and a real NCCL (feature `nccl`): a single-rank
 //! communicator all-reducing memory registered and not, the four collectives, registration and
 //! window registration with their refusals, registrations dropped before and after the buffer's
-//! other users, 10 000 register/deregister rounds that leak nothing, and two ranks (one process
-//! driving two GPUs, and two processes meeting through a unique id passed over a pipe). Every test
+//! other users, 10 000 register/deregister rounds that leak nothing, a window over a
+//! `VirtualBuffer` range, a scope past its timeout aborting its communicator (which then refuses
+//! every call), and two ranks (one process driving two GPUs, two processes meeting through a
+//! unique id passed over a pipe, and a peer that never joins an all-reduce). Every test
 //! skips visibly without a GPU, with too few GPUs, or where NCCL cannot be loaded.
 //!
 //! No test harness (`harness = false` in Cargo.toml): `main` sets `NCCL_NVLS_ENABLE=0` before any
@@ -24,7 +26,7 @@ use std::sync::Arc;
 
 use common::{devices_or_skip, pattern, skip};
 use cuda_vmm::interop::nccl::{self, Comm, ReduceOp, UniqueId, group};
-use cuda_vmm::owned::{GrantedMapping, SharedReservation};
+use cuda_vmm::owned::{GrantedMapping, PageOptions, SharedReservation};
 use cuda_vmm::vmm::{AllocationOptions, HandleKinds};
 use cuda_vmm::{
     Context, Device, Error, Granularity, PhysicalAllocation, ReadWrite, VirtualBuffer,
@@ -359,6 +361,201 @@ fn ten_thousand_registrations_leak_nothing() -> TestResult {
     Ok(())
 }
 
+fn window_over_a_virtual_buffer() -> TestResult {
+    let test = "window_over_a_virtual_buffer";
+    let Some((device, mut comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    if !device.supports_posix_fd_handles()? {
+        skip(&format!(
+            "SKIPPED {test}: the device has no POSIX-fd handles"
+        ));
+        return Ok(());
+    }
+    let page = page(device);
+    // Refused before NCCL: pages made without a POSIX-fd handle, a hole, a misaligned start.
+    let mut private = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    private.grow(device, page)?;
+    let refused = comm.register_window(&mut private, ..page).map(drop);
+    assert!(
+        matches!(refused, Err(Error::NcclRefused { why, .. }) if why.contains("POSIX")),
+        "{test}: {refused:?}"
+    );
+    let mut buffer =
+        VirtualBuffer::with_options(1 << 30, &[device], ReadWrite, PageOptions::posix_fd())?;
+    buffer.grow(device, page)?;
+    buffer.grow(device, page)?;
+    let hole = comm.register_window(&mut buffer, ..3 * page).map(drop);
+    assert!(
+        matches!(hole, Err(Error::PageRange { .. })),
+        "{test}: a range past the mapped pages: {hole:?}"
+    );
+    let misaligned = comm.register_window(&mut buffer, 100..page).map(drop);
+    assert!(
+        matches!(
+            misaligned,
+            Err(Error::NotAligned {
+                granularity: 4096,
+                ..
+            })
+        ),
+        "{test}: {misaligned:?}"
+    );
+    // Two pages, one window: an all-reduce in it, with a generous timeout that must not fire.
+    comm.set_timeout(Some(std::time::Duration::from_mins(1)));
+    let mut window = match comm.register_window(&mut buffer, ..2 * page) {
+        Err(e @ Error::NcclUnavailable { .. }) => {
+            skip(&format!("SKIPPED {test} (window part): {e}"));
+            return Ok(());
+        }
+        other => other?,
+    };
+    assert_eq!(window.bytes(), 0..2 * page);
+    let n = 2 * page / 4;
+    let input = floats(n, 11);
+    let mut view = window.slice_mut::<f32>()?;
+    view.copy_from_host(&input)?;
+    comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+    })?;
+    assert_eq!(
+        view.to_vec()?,
+        input,
+        "{test}: all-reduce in a buffer's window"
+    );
+    assert!(
+        !comm.is_aborted(),
+        "{test}: the timeout fired on a finished scope"
+    );
+    window.deregister()?;
+    // The window is gone: the buffer grows and shrinks again, and a window over its first page
+    // alone is accepted.
+    let again = comm.register_window(&mut buffer, ..page)?;
+    drop(again);
+    buffer.shrink()?;
+    assert_eq!(buffer.mapped_bytes(), page);
+    Ok(())
+}
+
+/// Every call of an aborted communicator is refused, naming the abort.
+fn assert_refused_after_abort(test: &str, comm: &Comm, buffer: &mut VirtualBuffer) {
+    assert!(comm.is_aborted(), "{test}: the communicator is aborted");
+    let aborted = |r: &Result<(), Error>| matches!(r, Err(Error::NcclRefused { why, .. }) if why.contains("aborted"));
+    let scope = comm.scope(|_| -> Result<(), Error> { Ok(()) });
+    assert!(
+        aborted(&scope),
+        "{test}: a scope after the abort: {scope:?}"
+    );
+    let polled = comm.async_error();
+    assert!(
+        aborted(&polled),
+        "{test}: the async error after the abort: {polled:?}"
+    );
+    let mapped = buffer.mapped_bytes();
+    let registered = comm.register(buffer, ..mapped).map(drop);
+    assert!(
+        aborted(&registered),
+        "{test}: a registration after the abort: {registered:?}"
+    );
+}
+
+fn a_scope_past_its_timeout_aborts_the_communicator() -> TestResult {
+    const HALF: usize = 256 << 20;
+    const COPIES: usize = 1000;
+    let test = "a_scope_past_its_timeout_aborts_the_communicator";
+    let Some((device, mut comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, HALF)?;
+    buffer.grow(device, HALF)?;
+    let n = HALF / 4;
+    // 1000 single-rank all-reduces of 256 MiB out of place (copies, about 0.15 ms each): far past
+    // a 1 ms timeout.
+    comm.set_timeout(Some(std::time::Duration::from_millis(1)));
+    let started = std::time::Instant::now();
+    let result = {
+        let view = buffer.slice_bytes_mut::<f32>(..2 * HALF)?;
+        let (send, mut recv) = view.split_at_mut(n)?;
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            for _ in 0..COPIES {
+                s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })
+    };
+    let took = started.elapsed();
+    // The scope waited for its stream before returning: an event recorded on it now is complete at
+    // once (the queue was far longer than the timeout).
+    let after = comm.stream().record_event(None)?;
+    assert!(
+        after.try_is_complete()?,
+        "{test}: the stream still ran work when the scope returned"
+    );
+    assert!(
+        matches!(result, Err(Error::Nccl { code: 8, .. })),
+        "{test}: the scope's result: {result:?}"
+    );
+    assert!(took.as_millis() >= 1, "{test}: took {took:?}");
+    assert_refused_after_abort(test, &comm, &mut buffer);
+    // The buffer is the program's again: views, a shrink.
+    buffer.shrink()?;
+    assert_eq!(buffer.mapped_bytes(), HALF);
+    drop(comm); // no ncclCommDestroy of a freed communicator
+    Ok(())
+}
+
+fn a_peer_that_never_joins_ends_in_an_error() -> TestResult {
+    let test = "a_peer_that_never_joins_ends_in_an_error";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let id = UniqueId::new()?;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (device1, stream1) = gpus[1].clone();
+    let peer_id = id;
+    // Rank 1 joins the communicator, never joins the all-reduce, and aborts once rank 0 is done.
+    let peer = std::thread::spawn(move || -> Result<(), String> {
+        let comm = Comm::from_rank(&stream1, 1, 2, &peer_id).map_err(|e| e.to_string())?;
+        let _ = device1;
+        done_rx.recv().map_err(|e| e.to_string())?;
+        comm.abort().map_err(|e| e.to_string())
+    });
+    let (device0, stream0) = &gpus[0];
+    let mut comm = Comm::from_rank(stream0, 0, 2, &id)?;
+    comm.set_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut buffer = VirtualBuffer::new(1 << 30, &[*device0], ReadWrite)?;
+    buffer.grow(*device0, page(*device0))?;
+    let started = std::time::Instant::now();
+    let result = {
+        let mut view = buffer.slice_bytes_mut::<f32>(..)?;
+        comm.scope(|s| -> Result<(), Error> {
+            s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+        })
+    };
+    let took = started.elapsed();
+    let after = stream0.record_event(None)?;
+    assert!(
+        after.try_is_complete()?,
+        "{test}: rank 0's stream still ran the all-reduce when the scope returned"
+    );
+    let _ = done_tx.send(());
+    assert!(
+        matches!(result, Err(Error::Nccl { code: 8, .. })),
+        "{test}: rank 0's scope: {result:?}"
+    );
+    assert!(
+        took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_mins(1),
+        "{test}: rank 0 returned after {took:?}"
+    );
+    assert_refused_after_abort(test, &comm, &mut buffer);
+    drop(comm);
+    peer.join().map_err(|_| "rank 1 panicked")??;
+    Ok(())
+}
+
 fn two_gpus_in_one_process() -> TestResult {
     let test = "two_gpus_in_one_process";
     let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
@@ -464,7 +661,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 9] = [
+    let tests: [Test; 12] = [
         ("nccl_loads_or_says_why", nccl_loads_or_says_why),
         (
             "single_rank_all_reduce_registered_and_not",
@@ -483,6 +680,15 @@ fn main() -> ExitCode {
         (
             "ten_thousand_registrations_leak_nothing",
             ten_thousand_registrations_leak_nothing,
+        ),
+        ("window_over_a_virtual_buffer", window_over_a_virtual_buffer),
+        (
+            "a_scope_past_its_timeout_aborts_the_communicator",
+            a_scope_past_its_timeout_aborts_the_communicator,
+        ),
+        (
+            "a_peer_that_never_joins_ends_in_an_error",
+            a_peer_that_never_joins_ends_in_an_error,
         ),
         ("two_gpus_in_one_process", two_gpus_in_one_process),
         (

@@ -82,12 +82,26 @@
 //!   raw NCCL) defers this module's collectives to its `ncclGroupEnd`, which may come after the
 //!   scope's wait: do not call this module's collectives or scopes inside such a group.
 //! - **Non-blocking communicators** (`ncclCommInitRankConfig` with `blocking = 0`): the config
-//!   struct changes layout between NCCL releases. The communicators here are blocking; a scope polls
-//!   `ncclCommGetAsyncError` after its wait, and [`Comm::async_error`] polls it at any time. A wait
-//!   for work that a failed peer never completes does not return.
-//! - **Windows over a [`VirtualBuffer`]**: a buffer's page options cannot be read yet, so its pages
-//!   cannot be proven exportable. [`WindowMemory`] is the hook: an implementation for
-//!   `VirtualBuffer` gives its pages in the range and each page's options.
+//!   struct grows with every NCCL release. The communicators here are blocking.
+//! - **Windows over pages of another origin.** A window over a [`VirtualBuffer`] is checked against
+//!   its [`page_options`](VirtualBuffer::page_options), which every page it creates has. A page
+//!   mapped from a [`SharedPage`](crate::owned::SharedPage) or imported from another process may
+//!   not be exportable even so: NCCL's own export then fails, and the registration returns
+//!   [`Error::Nccl`].
+//!
+//! # Asynchronous errors, hangs and aborts
+//! NCCL reports a failed peer or network asynchronously (`ncclCommGetAsyncError`), and reports
+//! nothing for a peer rank that never joins a collective: its kernels wait for it. So the end of
+//! [`Comm::scope`] does not block blindly: it records an event on the stream and polls it together
+//! with the asynchronous error (yielding its thread for the first 20 ms, then sleeping 100 µs
+//! between polls). On an asynchronous error, or once the communicator's
+//! [timeout](Comm::set_timeout) has passed, it aborts the communicator (`ncclCommAbort`, which
+//! makes its kernels exit), and then still waits for the stream through the crate's one wait
+//! ([`crate::scope`]'s, which aborts the process where it cannot prove the work finished) before
+//! it returns the error: no scope returns while work that uses its views can run. Where the
+//! kernels did not exit, that wait does not return either. An aborted communicator refuses every
+//! later call with [`Error::NcclRefused`] ([`Comm::is_aborted`]); its registrations and windows are
+//! dropped without a deregister (NCCL freed them).
 
 use core::cell::{Cell, RefCell};
 use core::ffi::c_int;
@@ -96,6 +110,7 @@ use core::marker::PhantomData;
 use core::ptr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ::cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use bytemuck::Pod;
@@ -103,9 +118,10 @@ use bytemuck::Pod;
 use super::cudarc::{Lent, LentMut};
 #[cfg(doc)]
 use crate::VirtualBuffer;
-use crate::device::Device;
+use crate::device::{Context, Device};
 use crate::error::{Error, check as check_driver};
-use crate::sys;
+use crate::stream::Event;
+use crate::{sys, wait};
 
 mod api;
 mod id;
@@ -204,6 +220,8 @@ pub(crate) struct Core {
     windows: RefCell<Vec<(u64, u64)>>,
     registered: Cell<u64>,
     deregistered: Cell<u64>,
+    /// Set by `ncclCommAbort`: the handle is freed, and every later use is refused.
+    aborted: Cell<bool>,
 }
 
 impl Core {
@@ -215,10 +233,46 @@ impl Core {
         check_driver(unsafe { sys::cuCtxSetCurrent(context) })?;
         Ok(())
     }
+
+    /// Before every NCCL call on the communicator: the refusal once it was aborted (its handle
+    /// is freed), else [`bind`](Core::bind).
+    fn live(&self, call: &'static str) -> Result<(), Error> {
+        if self.aborted.get() {
+            return Err(Error::NcclRefused { call, why: ABORTED });
+        }
+        self.bind()
+    }
+
+    /// `ncclCommAbort` — stop the communicator's work on the device (its kernels exit) and free it.
+    /// From here on every use is refused and nothing is deregistered or destroyed: NCCL freed it
+    /// all. A no-op on a communicator aborted already.
+    fn abort(&self) -> Result<(), Error> {
+        if self.aborted.get() {
+            return Ok(());
+        }
+        let api = api::api("ncclCommAbort")?;
+        let abort = api::function(api.comm_abort, "ncclCommAbort")?;
+        self.bind()?;
+        // Marked first: whatever the call returns, the handle is not used again (NCCL frees the
+        // communicator also where it reports an error on the way).
+        self.aborted.set(true);
+        // SAFETY: a communicator that NCCL made, aborted once (checked above); the registrations
+        // and windows that hold it never pass its handle to NCCL again (`live`, `aborted`).
+        let code = unsafe { abort(self.raw) };
+        api::check(code, "ncclCommAbort")
+    }
 }
+
+/// Why a call on an aborted communicator is refused.
+const ABORTED: &str = "the communicator was aborted (ncclCommAbort, after an asynchronous error \
+                       or a timeout of a scope's wait): make a new one";
 
 impl Drop for Core {
     fn drop(&mut self) {
+        // An aborted communicator was freed by `ncclCommAbort`.
+        if self.aborted.get() {
+            return;
+        }
         // Every scope of the communicator has waited for its work, and every registration and
         // window is gone (each holds the communicator or this core). An error cannot be handled
         // here, and the communicator is unusable afterwards either way; it is ignored.
@@ -243,6 +297,10 @@ pub struct Comm {
     device: Device,
     rank: usize,
     size: usize,
+    /// Recorded on the stream at the end of each scope, and polled beside the asynchronous error.
+    finished: Event,
+    /// How long a scope's end waits for the stream before it aborts the communicator.
+    timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Comm {
@@ -360,14 +418,18 @@ impl Comm {
             windows: RefCell::new(Vec::new()),
             registered: Cell::new(0),
             deregistered: Cell::new(0),
+            aborted: Cell::new(false),
         });
         let device = Device::get(stream.context().ordinal())?;
+        let finished = Event::new(&Context::new(device)?)?;
         Ok(Comm {
             core,
             stream: Arc::clone(stream),
             device,
             rank,
             size,
+            finished,
+            timeout: None,
         })
     }
 
@@ -416,28 +478,144 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::Nccl`] with `call` `"ncclCommGetAsyncError"` and the asynchronous error's code;
-    /// [`Error::NcclUnavailable`] where the function is missing.
+    /// [`Error::NcclUnavailable`] where the function is missing; [`Error::NcclRefused`] once the
+    /// communicator was aborted.
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn async_error(&self) -> Result<(), Error> {
-        let api = api::api("ncclCommGetAsyncError")?;
-        let get = api::function(api.comm_get_async_error, "ncclCommGetAsyncError")?;
+        match self.async_code()? {
+            0 | api::IN_PROGRESS => Ok(()),
+            code => Err(Error::Nccl {
+                call: "ncclCommGetAsyncError",
+                code,
+            }),
+        }
+    }
+
+    /// The communicator's asynchronous `ncclResult_t`, as an integer.
+    fn async_code(&self) -> Result<c_int, Error> {
+        const CALL: &str = "ncclCommGetAsyncError";
+        let api = api::api(CALL)?;
+        let get = api::function(api.comm_get_async_error, CALL)?;
+        self.core.live(CALL)?;
         let mut code: c_int = 0;
-        // SAFETY: a live communicator; `code` is writable for the call.
+        // SAFETY: a live communicator (not aborted: checked); `code` is writable for the call.
         let called = unsafe { get(self.core.raw, &raw mut code) };
-        api::check(called, "ncclCommGetAsyncError")?;
-        api::check(code, "ncclCommGetAsyncError")
+        api::check(called, CALL)?;
+        Ok(code)
+    }
+
+    /// How long the end of a [`scope`](Comm::scope) waits for the communicator's stream before it
+    /// aborts the communicator; `None` (the default) waits for as long as the work runs. NCCL
+    /// reports no error for a peer rank that never joins a collective: its kernels wait for it.
+    /// A timeout turns that wait into an error. Set it well above the longest step.
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
+    /// The timeout of [`set_timeout`](Comm::set_timeout).
+    #[must_use]
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Whether the communicator was aborted: by [`scope`](Comm::scope) after an asynchronous error
+    /// or a timeout. An aborted communicator refuses every call ([`Error::NcclRefused`]).
+    #[must_use]
+    pub fn is_aborted(&self) -> bool {
+        self.core.aborted.get()
+    }
+
+    /// `ncclCommAbort` — abort the communicator instead of destroying it (`ncclCommDestroy`, what
+    /// dropping it does): for a rank whose peers failed or left, where a destroy could wait for them.
+    /// Its windows, if any are alive, are not deregistered any more (NCCL frees them here).
+    ///
+    /// # Errors
+    /// [`Error::Nccl`] for NCCL's error (the communicator is gone either way);
+    /// [`Error::NcclUnavailable`] where the loaded NCCL has no `ncclCommAbort` (the communicator is
+    /// then destroyed).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use cuda_vmm::interop::nccl::Comm;
+    /// fn leave(comm: Comm) -> cuda_vmm::Result<()> {
+    ///     comm.abort() // the peers are gone: no ncclCommDestroy
+    /// }
+    /// ```
+    #[doc(alias = "ncclCommAbort")]
+    pub fn abort(self) -> Result<(), Error> {
+        self.core.abort()
+    }
+
+    /// The end of a scope, before its wait: until the work queued on the stream so far has
+    /// finished (an event recorded now), polls `ncclCommGetAsyncError` too. On an asynchronous
+    /// error, or once the [timeout](Comm::set_timeout) has passed, aborts the communicator (its
+    /// kernels exit) and returns the error. This proves nothing finished: the scope's one wait
+    /// ([`cudarc::scope`](super::cudarc::scope)'s) always follows. Where polling cannot be done
+    /// (the event refused, as on a stream that captures), it returns `Ok` and leaves everything to
+    /// that wait.
+    fn watch(&self) -> Result<(), Error> {
+        if self.core.aborted.get() || self.core.bind().is_err() {
+            return Ok(());
+        }
+        // SAFETY: an event and a stream of the same, current context (bound above), both alive
+        // for the call.
+        let recorded =
+            unsafe { sys::cuEventRecord(self.finished.as_raw(), self.stream.cu_stream().cast()) };
+        if check_driver(recorded).is_err() {
+            return Ok(());
+        }
+        let since = Instant::now();
+        loop {
+            match self.finished.is_complete() {
+                Ok(false) => {}
+                Ok(true) | Err(_) => return Ok(()),
+            }
+            let failed = match self.async_code() {
+                Ok(0 | api::IN_PROGRESS) => None,
+                Ok(code) => Some(Error::Nccl {
+                    call: "ncclCommGetAsyncError",
+                    code,
+                }),
+                // Unavailable: nothing to poll; the wait follows.
+                Err(_) => return Ok(()),
+            };
+            let failed = failed.or_else(|| {
+                self.timeout
+                    .filter(|&t| since.elapsed() >= t)
+                    .map(|_| Error::Nccl {
+                        call: "Comm::scope's wait (past the communicator's timeout, so it \
+                               aborted the communicator)",
+                        code: TIMEOUT,
+                    })
+            });
+            if let Some(error) = failed {
+                // An abort that fails leaves the kernels as they are: the scope's wait then waits
+                // for them, and returns only once they have finished.
+                let _ = self.core.abort();
+                return Err(error);
+            }
+            if since.elapsed() < SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(PAUSE);
+            }
+        }
     }
 
     /// [`cudarc::scope`](super::cudarc::scope) on the communicator's stream: lend views with
     /// [`CommScope::lend`] and [`CommScope::lend_mut`] and queue collectives on them; when `f`
-    /// returns or panics, the scope waits for the stream, then polls the communicator's
-    /// asynchronous error.
+    /// returns or panics, the scope polls the stream's work and the communicator's asynchronous
+    /// error, aborts the communicator on an error or past its [timeout](Comm::set_timeout), and
+    /// waits for the stream in every case (see [Asynchronous errors](self#asynchronous-errors-hangs-and-aborts)).
     ///
     /// # Errors
     /// Before `f` runs: [`Error::StreamRefused`] inside a [`group`] (the group would launch the
-    /// work after this scope's wait), or as [`cudarc::scope`](super::cudarc::scope). After it, as
-    /// [`cudarc::scope`](super::cudarc::scope), then the asynchronous error
-    /// ([`async_error`](Comm::async_error)).
+    /// work after this scope's wait), [`Error::NcclRefused`] on an aborted communicator, or as
+    /// [`cudarc::scope`](super::cudarc::scope). After it: a refusal of a lent view and `f`'s error
+    /// as [`cudarc::scope`](super::cudarc::scope); [`Error::Nccl`] for an asynchronous error
+    /// (`call` `"ncclCommGetAsyncError"`) or a timeout (code 8, `ncclTimeout`), the communicator
+    /// then aborted; the wait's error; the asynchronous error polled after the wait. Whatever it
+    /// returns, the work queued on the stream has finished.
     ///
     /// # Panics
     /// Resumes a panic of `f`, after waiting for the stream.
@@ -466,17 +644,40 @@ impl Comm {
             }
             .into());
         }
-        let value = super::cudarc::scope(&self.stream, |inner| {
-            f(&CommScope {
+        if self.core.aborted.get() {
+            return Err(Error::NcclRefused {
+                call: "Comm::scope",
+                why: ABORTED,
+            }
+            .into());
+        }
+        let value = super::cudarc::scope(&self.stream, |inner| -> Result<R, E> {
+            let scope = CommScope {
                 inner,
                 comm: self,
                 _env: PhantomData,
-            })
+            };
+            // Watched on return and while a panic of `f` unwinds; the cudarc scope's one wait
+            // follows in both cases, before any lent borrow ends.
+            let (value, watched) = wait::after(|| f(&scope), &|| self.watch());
+            let value = value?;
+            watched?;
+            Ok(value)
         })?;
         self.async_error()?;
         Ok(value)
     }
 }
+
+/// How long a scope's end polls without sleeping (yielding its thread between polls, as the
+/// driver's own waits spin): the steps of a training loop end within it.
+const SPIN: Duration = Duration::from_millis(20);
+
+/// The pause between two polls after [`SPIN`]: a peer that hangs costs no core.
+const PAUSE: Duration = Duration::from_micros(100);
+
+/// `ncclTimeout` (NCCL 2.29), the code of a scope whose wait passed its timeout.
+const TIMEOUT: c_int = 8;
 
 #[cfg(test)]
 mod tests {

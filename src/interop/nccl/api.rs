@@ -35,6 +35,10 @@ pub(crate) const ID_BYTES: usize = 128;
 static_assertions::assert_eq_size!(RawId, [u8; ID_BYTES]);
 static_assertions::assert_eq_align!(RawId, u8);
 
+/// `ncclInProgress`: what `ncclCommGetAsyncError` reports while a non-blocking operation of the
+/// communicator is under way; not an error.
+pub(crate) const IN_PROGRESS: c_int = 7;
+
 /// `NCCL_WIN_COLL_SYMMETRIC`: a window that symmetric collective kernels may use.
 pub(crate) const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
@@ -43,6 +47,7 @@ type GetUniqueId = unsafe extern "C" fn(*mut RawId) -> c_int;
 type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, RawId, c_int) -> c_int;
 type CommInitAll = unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> c_int;
 type CommDestroy = unsafe extern "C" fn(RawComm) -> c_int;
+type CommAbort = unsafe extern "C" fn(RawComm) -> c_int;
 type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut c_int) -> c_int;
 type AllReduce = unsafe extern "C" fn(
     *const c_void,
@@ -81,6 +86,7 @@ pub(crate) struct Api {
     pub(crate) comm_init_rank: Option<CommInitRank>,
     pub(crate) comm_init_all: Option<CommInitAll>,
     pub(crate) comm_destroy: Option<CommDestroy>,
+    pub(crate) comm_abort: Option<CommAbort>,
     pub(crate) comm_get_async_error: Option<CommGetAsyncError>,
     pub(crate) all_reduce: Option<AllReduce>,
     pub(crate) broadcast: Option<Broadcast>,
@@ -151,6 +157,7 @@ fn open() -> Result<Api, &'static str> {
         comm_init_rank: symbol(&library, b"ncclCommInitRank\0"),
         comm_init_all: symbol(&library, b"ncclCommInitAll\0"),
         comm_destroy: symbol(&library, b"ncclCommDestroy\0"),
+        comm_abort: symbol(&library, b"ncclCommAbort\0"),
         comm_get_async_error: symbol(&library, b"ncclCommGetAsyncError\0"),
         all_reduce: symbol(&library, b"ncclAllReduce\0"),
         broadcast: symbol(&library, b"ncclBroadcast\0"),

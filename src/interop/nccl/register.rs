@@ -119,7 +119,7 @@ impl Comm {
         let register = api::function(api.comm_register, "ncclCommRegister")?;
         // Checked now, so that a registration is never made that could not be undone.
         api::function(api.comm_deregister, "ncclCommDeregister")?;
-        self.core.bind()?;
+        self.core.live("ncclCommRegister")?;
         let mut handle: *mut c_void = ptr::null_mut();
         // SAFETY: the bytes `[ptr, ptr + len)` are mapped and granted to the communicator's device
         // (checked), and stay so while the registration lives: it borrows the buffer exclusively and
@@ -175,6 +175,10 @@ impl<M: AccessMode> Registration<'_, '_, M> {
             return Ok(());
         }
         let shared = &self.comm.core;
+        if shared.aborted.get() {
+            // `ncclCommAbort` freed the registration with the communicator.
+            return Ok(());
+        }
         let api = api::api("ncclCommDeregister")?;
         let deregister = api::function(api.comm_deregister, "ncclCommDeregister")?;
         shared.bind()?;
@@ -219,26 +223,34 @@ mod sealed {
 /// POSIX file descriptors, which NCCL exports to the other ranks. Sealed.
 ///
 /// Implemented for [`GrantedMapping<ReadWrite>`] (its memory's
-/// [`options`](crate::PhysicalAllocation::options) say which handle kinds it has). A
-/// [`VirtualBuffer`] gets an implementation once its pages' options can be read: its pieces are
-/// the pages in the range, and each must be exportable.
+/// [`options`](crate::PhysicalAllocation::options) say which handle kinds it has) and for
+/// [`VirtualBuffer<ReadWrite>`] (its [`page_options`](VirtualBuffer::page_options): every page it
+/// creates has them; its pieces are the pages the window's bytes span, all mapped).
 pub trait WindowMemory: sealed::Memory {
-    /// The facts the window is checked against.
+    /// The memory's size in bytes, which window ranges are counted in.
     #[doc(hidden)]
-    fn window_pieces(&self) -> Result<WindowPieces, Error>;
+    fn window_len(&self) -> usize;
 
-    /// A writable view of the whole memory.
+    /// The facts a window over `bytes` (inside [`window_len`](WindowMemory::window_len)) is
+    /// checked against.
     #[doc(hidden)]
-    fn window_view_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, Error>;
+    fn window_pieces(&self, bytes: Range<usize>) -> Result<WindowPieces, Error>;
 
-    /// A read-only view of the whole memory.
+    /// A writable view of `bytes` (whole `T`s, checked by the caller).
     #[doc(hidden)]
-    fn window_view<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, Error>;
+    fn window_view_mut<T: Pod>(
+        &mut self,
+        bytes: Range<usize>,
+    ) -> Result<DeviceSliceMut<'_, T>, Error>;
+
+    /// A read-only view of `bytes` (whole `T`s, checked by the caller).
+    #[doc(hidden)]
+    fn window_view<T: Pod>(&self, bytes: Range<usize>) -> Result<DeviceSlice<'_, T>, Error>;
 }
 
 /// What [`WindowMemory::window_pieces`] tells: the memory's first address and size, how many
-/// physical allocations it spans, whether every one of them is exportable as a POSIX file
-/// descriptor, and which devices it is granted to.
+/// physical allocations the window's bytes span, whether every one of them is exportable as a
+/// POSIX file descriptor, and which devices it is granted to.
 #[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowPieces {
@@ -249,10 +261,20 @@ pub struct WindowPieces {
     devices: Vec<Device>,
 }
 
+/// `bytes` as a range of `T`s (whole elements: checked by [`Window::elements`]).
+fn elements<T>(bytes: &Range<usize>) -> Range<usize> {
+    let size = size_of::<T>().max(1);
+    bytes.start / size..bytes.end / size
+}
+
 impl sealed::Memory for GrantedMapping<ReadWrite> {}
 
 impl WindowMemory for GrantedMapping<ReadWrite> {
-    fn window_pieces(&self) -> Result<WindowPieces, Error> {
+    fn window_len(&self) -> usize {
+        self.mapping().size()
+    }
+
+    fn window_pieces(&self, _bytes: Range<usize>) -> Result<WindowPieces, Error> {
         let view = self.slice::<u8>()?;
         Ok(WindowPieces {
             base: view.as_raw_ptr(),
@@ -268,12 +290,53 @@ impl WindowMemory for GrantedMapping<ReadWrite> {
         })
     }
 
-    fn window_view_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, Error> {
-        self.slice_mut()
+    fn window_view_mut<T: Pod>(
+        &mut self,
+        bytes: Range<usize>,
+    ) -> Result<DeviceSliceMut<'_, T>, Error> {
+        self.slice_mut()?.into_slice_mut(elements::<T>(&bytes))
     }
 
-    fn window_view<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, Error> {
-        self.slice()
+    fn window_view<T: Pod>(&self, bytes: Range<usize>) -> Result<DeviceSlice<'_, T>, Error> {
+        self.slice()?.slice(elements::<T>(&bytes))
+    }
+}
+
+impl sealed::Memory for VirtualBuffer<ReadWrite> {}
+
+impl WindowMemory for VirtualBuffer<ReadWrite> {
+    fn window_len(&self) -> usize {
+        self.budget()
+    }
+
+    fn window_pieces(&self, bytes: Range<usize>) -> Result<WindowPieces, Error> {
+        // Every byte mapped ([`Error::PageRange`] names a hole), and granted.
+        self.slice_bytes::<u8>(bytes.clone())?;
+        let pieces = self
+            .pages()
+            .filter(|p| !p.retired && p.offset < bytes.end && bytes.start < p.offset + p.size)
+            .count();
+        Ok(WindowPieces {
+            base: self.base(),
+            size: self.budget(),
+            pieces,
+            exportable: self
+                .page_options()
+                .handle_kinds()
+                .contains(HandleKinds::POSIX_FD),
+            devices: self.devices(),
+        })
+    }
+
+    fn window_view_mut<T: Pod>(
+        &mut self,
+        bytes: Range<usize>,
+    ) -> Result<DeviceSliceMut<'_, T>, Error> {
+        self.slice_bytes_mut(bytes)
+    }
+
+    fn window_view<T: Pod>(&self, bytes: Range<usize>) -> Result<DeviceSlice<'_, T>, Error> {
+        self.slice_bytes(bytes)
     }
 }
 
@@ -397,8 +460,13 @@ impl Comm {
                 why: "it was asked inside an NCCL group, which fills the window in only at its end",
             });
         }
-        let pieces = memory.window_pieces()?;
-        let (start, end) = range_bounds(bytes, pieces.size, "window bytes")?;
+        let (start, end) = range_bounds(bytes, memory.window_len(), "window bytes")?;
+        if start == end {
+            return Err(Error::ZeroSize {
+                what: "window size",
+            });
+        }
+        let pieces = memory.window_pieces(start..end)?;
         let addresses = check_window(
             &pieces,
             start..end,
@@ -408,7 +476,7 @@ impl Comm {
         let api = api::api(CALL)?;
         let register = api::function(api.window_register, CALL)?;
         api::function(api.window_deregister, "ncclCommWindowDeregister")?;
-        self.core.bind()?;
+        self.core.live(CALL)?;
         let mut raw: RawWindow = ptr::null_mut();
         // SAFETY: `[start, end)` is mapped, granted to the communicator's device and exportable
         // (checked), and stays so while the window lives: it borrows the memory exclusively. `raw`
@@ -454,7 +522,8 @@ impl<W: WindowMemory> Window<'_, W> {
         self.raw
     }
 
-    fn elements<T>(&self) -> Result<Range<usize>, Error> {
+    /// `Ok` where the window is a whole number of `T`s from a multiple of `T`'s size.
+    fn elements<T>(&self) -> Result<(), Error> {
         let size = size_of::<T>();
         if size == 0
             || !self.bytes.start.is_multiple_of(size)
@@ -465,7 +534,7 @@ impl<W: WindowMemory> Window<'_, W> {
                 element_size: size,
             });
         }
-        Ok(self.bytes.start / size..self.bytes.end / size)
+        Ok(())
     }
 
     /// A read-only view of the window's bytes as `T`s.
@@ -474,8 +543,8 @@ impl<W: WindowMemory> Window<'_, W> {
     /// [`Error::NotWholeElements`] where the window is not a whole number of `T`s from a multiple of
     /// `T`'s size.
     pub fn slice<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, Error> {
-        let range = self.elements::<T>()?;
-        self.memory.window_view::<T>()?.slice(range)
+        self.elements::<T>()?;
+        self.memory.window_view::<T>(self.bytes.clone())
     }
 
     /// A writable view of the window's bytes as `T`s; it borrows the window exclusively.
@@ -483,8 +552,8 @@ impl<W: WindowMemory> Window<'_, W> {
     /// # Errors
     /// As [`slice`](Window::slice).
     pub fn slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, Error> {
-        let range = self.elements::<T>()?;
-        self.memory.window_view_mut::<T>()?.into_slice_mut(range)
+        self.elements::<T>()?;
+        self.memory.window_view_mut::<T>(self.bytes.clone())
     }
 
     /// `ncclCommWindowDeregister` — deregister now (collectively), and return NCCL's error.
@@ -503,6 +572,10 @@ impl<W: WindowMemory> Window<'_, W> {
         }
         let addresses = self.addresses;
         self.core.windows.borrow_mut().retain(|&w| w != addresses);
+        if self.core.aborted.get() {
+            // `ncclCommAbort` freed the window with the communicator.
+            return Ok(());
+        }
         let api = api::api("ncclCommWindowDeregister")?;
         let deregister = api::function(api.window_deregister, "ncclCommWindowDeregister")?;
         self.core.bind()?;

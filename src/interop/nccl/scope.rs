@@ -124,7 +124,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
     ) -> Result<(), Error> {
         let api = api::api("ncclAllReduce")?;
         let f = api::function(api.all_reduce, "ncclAllReduce")?;
-        self.comm.core.bind()?;
+        self.comm.core.live("ncclAllReduce")?;
         // SAFETY: `src` and `dst` are the addresses of views lent to this scope for its stream, each
         // `count` elements of `T` (or of a never-mapped range as large), mapped until the scope has
         // waited for the stream the work is queued on; the data type is `T`'s.
@@ -197,7 +197,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let root = self.root(root)?;
         let api = api::api("ncclBroadcast")?;
         let f = api::function(api.broadcast, "ncclBroadcast")?;
-        self.comm.core.bind()?;
+        self.comm.core.live("ncclBroadcast")?;
         // SAFETY: as in `all_reduce_raw`: lent addresses of `count` elements each.
         let code = unsafe {
             f(
@@ -229,7 +229,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let (src, dst) = (self.address(send), self.address(recv));
         let api = api::api("ncclAllGather")?;
         let f = api::function(api.all_gather, "ncclAllGather")?;
-        self.comm.core.bind()?;
+        self.comm.core.live("ncclAllGather")?;
         // SAFETY: as in `all_reduce_raw`; `recv` holds `size` times `send.len()` elements (checked).
         let code = unsafe {
             f(
@@ -261,7 +261,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let (src, dst) = (self.address(send), self.address(recv));
         let api = api::api("ncclReduceScatter")?;
         let f = api::function(api.reduce_scatter, "ncclReduceScatter")?;
-        self.comm.core.bind()?;
+        self.comm.core.live("ncclReduceScatter")?;
         // SAFETY: as in `all_reduce_raw`; `send` holds `size` times `recv.len()` elements (checked).
         let code = unsafe {
             f(
