@@ -190,6 +190,21 @@ pub enum Error {
         /// What is wrong with those bytes, such as `"are mapped already"`.
         problem: &'static str,
     },
+    /// A parked graph ([`ParkedGraph`](crate::stream::ParkedGraph)) rebound without memory that
+    /// covers bytes its work touches: `[start, end)`, device addresses (host addresses where
+    /// `host`), in no memory given to the [`Rebind`](crate::stream::Rebind), in memory given for
+    /// reading only where the graph writes them, or in memory the graph's device does not reach.
+    /// Checked before the graph can be launched again.
+    GraphRange {
+        /// The first address of the bytes.
+        start: u64,
+        /// The end of the bytes (exclusive).
+        end: u64,
+        /// Whether the addresses are of host memory.
+        host: bool,
+        /// What is wrong with those bytes, such as `"are in no memory given to the rebind"`.
+        problem: &'static str,
+    },
     /// The device does not support what was asked, as its attribute says (checked before the call
     /// that needs it): host or host-NUMA memory, or a kind of shareable handle.
     Unsupported {
@@ -405,6 +420,16 @@ impl fmt::Display for Error {
                 end,
                 problem,
             } => write!(f, "bytes {start}..{end} of the reserved range {problem}"),
+            Error::GraphRange {
+                start,
+                end,
+                host,
+                problem,
+            } => write!(
+                f,
+                "{} bytes {start:#x}..{end:#x} that the parked graph touches {problem}",
+                if host { "host" } else { "device" }
+            ),
             Error::Unsupported {
                 what,
                 device,

@@ -3,6 +3,7 @@
 use core::ffi::{CStr, c_void};
 use core::fmt;
 use core::ptr;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::device::Context;
 use crate::error::{Error, Result, check};
@@ -40,7 +41,14 @@ fn check_ptx_text(text: &[u8]) -> Result<(), Error> {
 pub struct Module {
     raw: sys::CUmodule,
     context: Context,
+    /// Unique among the modules of the process (a `CUmodule` handle may be reused once unloaded): a
+    /// parked graph's kernels are rebound only to the modules they came from
+    /// ([`Rebind::module`](crate::stream::Rebind::module)).
+    id: u64,
 }
+
+/// The id of the next module loaded.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 // SAFETY: a `CUmodule` is a handle to a driver object of the module's context, not to thread-local
 // state. The driver API is thread-safe and takes a module on any thread where its context is current:
@@ -58,6 +66,7 @@ impl fmt::Debug for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Module")
             .field("raw", &self.raw)
+            .field("id", &self.id)
             .field("device", &self.context.device())
             .finish()
     }
@@ -106,6 +115,7 @@ impl Module {
         Ok(Module {
             raw,
             context: context.clone(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -138,6 +148,7 @@ impl Module {
         Ok(Module {
             raw,
             context: context.clone(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -145,6 +156,11 @@ impl Module {
     #[must_use]
     pub fn device(&self) -> crate::Device {
         self.context.device()
+    }
+
+    /// The module's id, unique among the modules of the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// `cuModuleGetFunction` — the kernel named `name`, looked up with the module's context current
@@ -214,6 +230,11 @@ impl Function<'_> {
     #[must_use]
     pub fn device(&self) -> crate::Device {
         self.module.device()
+    }
+
+    /// The id of the module the kernel belongs to ([`Module`]'s, unique in the process).
+    pub(crate) fn module_id(&self) -> u64 {
+        self.module.id()
     }
 
     /// The raw `CUfunction`, for launches on a stream (`ScopedStream::launch`); valid while the

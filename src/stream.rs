@@ -3,7 +3,7 @@
 //! work has finished. The model, and why it is sound, are documented on [`scope`]. A [`Rewritable`]
 //! is memory that queued work writes again and again inside one scope; a [`Graph`] is work captured
 //! once ([`Graph::capture`]) that borrows what it uses for as long as it lives, replayed in scopes
-//! ([`ScopedStream::launch_graph`]).
+//! ([`ScopedStream::launch_graph`]), and parked ([`ParkedGraph`]) while its memory is evicted.
 
 use core::ffi::c_void;
 use core::fmt;
@@ -25,7 +25,7 @@ mod queue;
 mod scope;
 
 pub use event::Event;
-pub use graph::{Capture, Graph, KernelNode};
+pub use graph::{Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind};
 pub use launch::{KernelArg, KernelArgs};
 pub use lend::{DeviceInFlight, HostInFlight, HostSource, Rewritable, ScopedRead, ScopedWrite};
 pub use pinned::PinnedBuffer;

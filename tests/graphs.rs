@@ -1,7 +1,8 @@
 //! Graphs against a real driver: a replay gives what the same work queued op by op gives; 10 000
 //! replays count 10 000 and leak nothing, nor do 1 000 captures; a replay after a growth of other
 //! pages of the buffer it reads; kernel arguments changed between scopes; what a capture refuses;
-//! and a capture that neither refuses nor is invalidated by another thread's waits. Every test skips
+//! a capture that neither refuses nor is invalidated by another thread's waits; and a graph parked
+//! across an eviction, refused while the range is evicted and replayed after the restore. Every test skips
 //! visibly without a GPU. The tests take one lock, since some measure free memory.
 
 mod common;
@@ -12,7 +13,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{add_one_ptx, gpu_or_skip, pattern};
-use cuda_vmm::stream::Graph;
+use cuda_vmm::stream::{Graph, ParkedGraph};
 use cuda_vmm::{
     Context, DeviceBuffer, Error, Granularity, Module, PinnedBuffer, ReadWrite, Stream,
     VirtualBuffer, allocation_granularity,
@@ -475,5 +476,273 @@ fn a_graph_on_gpu0_reads_gpu1_memory_over_a_grant() {
         cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
     }
     assert_eq!(out.as_slice().to_vec().unwrap(), data);
+    buffer.free().unwrap();
+}
+
+/// Replay after restore. A graph whose kernel reads one `VirtualBuffer` range (`weights`) and
+/// writes another (`out`), and whose download writes pinned host memory, is replayed, parked, and
+/// the read range evicted: free memory rises by exactly its bytes, and a rebind is refused with
+/// `Error::PageRange` naming them. Rebinds are refused too for memory not given, for a written range
+/// given for reading only, for the host memory not given, and without the kernel's module. After
+/// the restore (free memory back to the byte) the rebound graph replays, and its results equal the
+/// same work queued op by op, before and after.
+#[test]
+fn a_parked_graph_is_refused_while_evicted_and_replays_after_restore() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_parked_graph_is_refused_while_evicted_and_replays_after_restore")
+    else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let n = g / 4;
+    let n32 = u32::try_from(n).unwrap();
+    let module = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
+    let add_one = module.function(c"add_one").unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let data = pattern(n, 21);
+    let plus: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
+    let mut weights = VirtualBuffer::new(2 * g, &[device], ReadWrite).unwrap();
+    weights.grow(device, g).unwrap();
+    let mut first = weights.slice_bytes_mut::<u32>(..g).unwrap();
+    first.copy_from_host(&data).unwrap();
+    let mut out = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
+    out.grow(device, g).unwrap();
+    let mut host = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let zeros = vec![0u32; n];
+
+    // The same work queued op by op, into other memory: what every replay must give.
+    let (queued, queued_host) =
+        queued_add_one(&stream, &add_one, &weights.slice_bytes(..g).unwrap());
+    assert_eq!(queued.as_slice().to_vec().unwrap(), plus, "the queued work");
+    assert_eq!(queued_host.to_vec(), plus, "the queued download");
+
+    let parked = {
+        let src = weights.slice_bytes::<u32>(..g).unwrap();
+        let mut dst = out.slice_bytes_mut::<u32>(..).unwrap();
+        let host_view: &mut [u32] = &mut host;
+        let graph = Graph::capture(&stream, |c| {
+            // SAFETY: as above.
+            let ((sum, (), ()), _) =
+                unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut dst, src, n32))? };
+            c.copy_to_host(host_view, sum)?;
+            Ok(())
+        })
+        .unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        graph.park()
+    };
+    assert_eq!(parked.kernels(), 1);
+    assert_eq!(out.slice_bytes::<u32>(..).unwrap().to_vec().unwrap(), plus);
+    assert_eq!(host.to_vec(), plus, "the first replay's download");
+    // Cleared, so that the replay after the restore is seen to write them again.
+    let mut out_view = out.slice_bytes_mut::<u32>(..).unwrap();
+    out_view.copy_from_host(&zeros).unwrap();
+    host.copy_from_slice(&zeros);
+
+    let free_mapped = free_memory(&ctx);
+    let evicted = weights.evict(..g).unwrap();
+    let free_evicted = free_memory(&ctx);
+    assert_eq!(
+        free_evicted - free_mapped,
+        g,
+        "free memory rises by exactly the evicted bytes"
+    );
+
+    // While the range is evicted: refused, naming the evicted bytes, and the graph comes back.
+    let refused = parked
+        .rebind()
+        .reads(&weights)
+        .writes(&mut out)
+        .writes_host(&mut host)
+        .module(&module)
+        .finish()
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::PageRange { start: 0, end, .. } if *end == g),
+        "an evicted range: {refused}"
+    );
+    let parked = refused.into_graph();
+
+    weights.restore(evicted).unwrap();
+    assert_eq!(
+        free_memory(&ctx),
+        free_mapped,
+        "the restore maps exactly the evicted bytes again"
+    );
+
+    let parked = refused_rebinds(parked, &weights, &mut out, &mut host, &module);
+    // Nothing ran meanwhile: the cleared bytes are still clear.
+    assert_eq!(out.slice_bytes::<u32>(..).unwrap().to_vec().unwrap(), zeros);
+
+    {
+        let graph = parked
+            .rebind()
+            .reads(&weights)
+            .writes(&mut out)
+            .writes_host(&mut host)
+            .module(&module)
+            .finish()
+            .unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+    }
+    assert_eq!(
+        out.slice_bytes::<u32>(..).unwrap().to_vec().unwrap(),
+        queued.as_slice().to_vec().unwrap(),
+        "the replay after the restore and the queued work differ"
+    );
+    assert_eq!(
+        host.to_vec(),
+        queued_host.to_vec(),
+        "the download after the restore"
+    );
+    weights.free().unwrap();
+    out.free().unwrap();
+}
+
+/// `add_one` of `src` queued op by op in a scope on `stream`, into new device memory, and that
+/// downloaded into new pinned memory.
+fn queued_add_one(
+    stream: &Stream,
+    add_one: &cuda_vmm::module::Function<'_>,
+    src: &cuda_vmm::DeviceSlice<'_, u32>,
+) -> (DeviceBuffer<u32>, PinnedBuffer<u32>) {
+    let ctx = Context::new(stream.device()).unwrap();
+    let n = src.len();
+    let mut queued = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut queued_host = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut dst = queued.as_mut_slice();
+    cuda_vmm::scope(|s| {
+        let q = s.on(stream);
+        // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
+        let (sum, (), ()) = unsafe {
+            q.launch(
+                add_one,
+                blocks(n),
+                (256, 1, 1),
+                (&mut dst, src, u32::try_from(n).unwrap()),
+            )?
+        };
+        q.copy_to_host(&mut queued_host, sum)?;
+        Ok(())
+    })
+    .unwrap();
+    (queued, queued_host)
+}
+
+/// Rebinds of `parked` (whose kernel reads `weights`' first page and writes all of `out`, and whose
+/// download writes `host`) each missing one thing: memory not given, a written range given for
+/// reading only, host memory not given, a module not given. Each is refused, naming what is
+/// missing, and gives the graph back.
+fn refused_rebinds(
+    parked: ParkedGraph,
+    weights: &VirtualBuffer,
+    out: &mut VirtualBuffer,
+    host: &mut PinnedBuffer<u32>,
+    module: &Module,
+) -> ParkedGraph {
+    let g64 = u64::try_from(out.budget()).unwrap();
+    let (wb, ob) = (weights.base(), out.base());
+    let refused = parked
+        .rebind()
+        .writes(out)
+        .writes_host(host)
+        .module(module)
+        .finish()
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::GraphRange { start, end, host: false, .. }
+            if *start == wb && *end == wb + g64),
+        "the read range not given: {refused}"
+    );
+    let refused = refused
+        .into_graph()
+        .rebind()
+        .reads(weights)
+        .reads(out)
+        .writes_host(host)
+        .module(module)
+        .finish()
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::GraphRange { start, end, host: false, problem }
+            if *start == ob && *end == ob + g64 && problem.contains("reading only")),
+        "the written range given for reading: {refused}"
+    );
+    let refused = refused
+        .into_graph()
+        .rebind()
+        .reads(weights)
+        .writes(out)
+        .module(module)
+        .finish()
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::GraphRange { host: true, .. }),
+        "the host memory not given: {refused}"
+    );
+    let refused = refused
+        .into_graph()
+        .rebind()
+        .reads(weights)
+        .writes(out)
+        .writes_host(host)
+        .finish()
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::InvalidArgument { .. }),
+        "the module not given: {refused}"
+    );
+    refused.into_graph()
+}
+
+/// A parked graph and its memory's access set: where the buffer it writes is regranted to another
+/// device only, the rebind is refused (its device would fault); granted again, it is rebound and
+/// replays. Two GPUs.
+#[test]
+fn a_rebind_is_refused_where_the_graphs_device_lost_its_grant() {
+    let _serial = serial();
+    let Some(gpus) = common::gpus_or_skip(
+        "a_rebind_is_refused_where_the_graphs_device_lost_its_grant",
+        2,
+    ) else {
+        return;
+    };
+    let ((d0, ctx0), (d1, _)) = (&gpus[0], &gpus[1]);
+    let g = allocation_granularity(*d0, Granularity::Minimum).unwrap();
+    let mut buffer = VirtualBuffer::new(g, &[*d0, *d1], ReadWrite).unwrap();
+    buffer.map_page(0, *d1, g).unwrap();
+    let stream = Stream::new(ctx0).unwrap();
+    let parked = {
+        let mut view = buffer.slice_bytes_mut_on::<u32>(*d0, ..).unwrap();
+        Graph::capture(&stream, |c| c.memset(&mut view, 0x5a).map(drop))
+            .unwrap()
+            .park()
+    };
+    buffer.set_access(&[*d1]).unwrap();
+    let refused = parked.rebind().writes(&mut buffer).finish().unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::GraphRange { host: false, .. }),
+        "the graph's device left the access set: {refused}"
+    );
+    buffer.set_access(&[*d0, *d1]).unwrap();
+    {
+        let graph = refused
+            .into_graph()
+            .rebind()
+            .writes(&mut buffer)
+            .finish()
+            .unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+    }
+    assert!(
+        buffer
+            .slice_bytes::<u32>(..)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0x5a5a_5a5a)
+    );
     buffer.free().unwrap();
 }

@@ -260,6 +260,16 @@ assert_impl_all!(cuda_vmm::stream::Graph<'static>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Graph<'static>: Clone, Copy);
 assert_not_impl_any!(cuda_vmm::stream::Capture<'static, 'static>: Send, Sync);
 assert_impl_all!(cuda_vmm::stream::KernelNode: Send, Sync, Copy);
+// A parked graph borrows nothing: owned outright (no lifetime), movable between threads, one owner
+// of its driver objects; it comes back whole in a refused rebind. A rebind in progress holds shared
+// borrows only (exclusive ones seen as shared), so it moves between threads too.
+const _: () = owned_outright::<cuda_vmm::stream::ParkedGraph>();
+assert_impl_all!(cuda_vmm::stream::ParkedGraph: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::ParkedGraph: Clone, Copy);
+assert_eq_size!(cuda_vmm::stream::ParkedGraph, usize);
+assert_impl_all!(cuda_vmm::stream::Rebind<'static>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::Rebind<'static>: Clone, Copy);
+assert_impl_all!(cuda_vmm::stream::NotRebound: Send, Sync, std::error::Error);
 
 // NCCL (feature `nccl`): a communicator stays on the thread that made it, and so do its
 // registrations and windows (NCCL does not allow one communicator to be used from two threads at

@@ -8,6 +8,22 @@
 //! ([`ScopedStream::launch_graph`]) borrows the graph for the scope, which waits for it. So no
 //! replay outlives what the graph uses, and nothing it uses is unmapped, regranted, shrunk or
 //! dropped while it lives: the borrow checker refuses it (the cases in `ui-tests/stream/`).
+//!
+//! A graph whose memory must leave for a while (a [`VirtualBuffer`](crate::VirtualBuffer) range
+//! evicted while an engine sleeps) is parked ([`Graph::park`]): a [`ParkedGraph`] keeps the
+//! instantiation, borrows nothing and cannot be launched. [`ParkedGraph::rebind`] gives it the
+//! memory and kernels again once they are back at the same addresses, checking that they cover
+//! every byte range and kernel the capture recorded, and the rebound [`Graph`] borrows them as
+//! before. The rules:
+//!
+//! - a graph does not outlive, nor replay after, what it captured (borrowed for `'g`);
+//! - a parked graph is never launched (it has no way to be);
+//! - a rebind covers every range the graph touches: written ranges by memory given for writing,
+//!   every byte of a [`VirtualBuffer`](crate::VirtualBuffer) mapped, not evicted
+//!   ([`Error::PageRange`] names the evicted bytes), not retired, granted to the graph's device;
+//!   every kernel's module given; otherwise the parked graph comes back in a [`NotRebound`];
+//! - a rebound graph borrows what it was given for as long as it lives, so nothing it touches is
+//!   evicted, unmapped, regranted or unloaded under it.
 
 use core::cell::RefCell;
 use core::fmt;
@@ -24,9 +40,14 @@ use crate::wait;
 
 use super::Stream;
 use super::launch::KernelArgs;
+use super::lend::sealed::Touch;
 use super::lend::{DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite, sealed};
 use super::queue::{self, Queue};
 use super::scope::ScopedStream;
+
+mod park;
+
+pub use park::{NotRebound, ParkedGraph, Rebind};
 
 /// Work captured from typed operations and instantiated, replayed by
 /// [`ScopedStream::launch_graph`]: `cuStreamBeginCapture` (in `THREAD_LOCAL` mode),
@@ -43,6 +64,9 @@ use super::scope::ScopedStream;
 /// - **Replays are scoped.** A replay borrows the graph for its scope, which waits for it: no
 ///   replay outlives the graph, and the graph's kernel arguments change
 ///   ([`set_kernel_args`](Graph::set_kernel_args), `&mut self`) only between scopes.
+/// - **Parked across an eviction.** [`park`](Graph::park) gives up the borrows and keeps the
+///   instantiation; the [`ParkedGraph`] cannot be launched, and is rebound
+///   ([`ParkedGraph::rebind`]) only over memory that covers every range the capture recorded.
 /// - **Capture holds every wait.** The capture is `THREAD_LOCAL`: other threads' calls are neither
 ///   refused nor able to invalidate it, and this crate's waits on other threads go on waiting. A
 ///   potentially unsafe call of the capturing thread itself (a synchronous copy, say) is refused by
@@ -96,6 +120,16 @@ use super::scope::ScopedStream;
 /// # }
 /// ```
 pub struct Graph<'g> {
+    inner: Instance,
+    /// Everything captured is borrowed for `'g`: invariant, as [`Capture`]. No effect on auto
+    /// traits.
+    _borrows: PhantomData<&'g mut &'g ()>,
+}
+
+/// A captured graph and its instantiation, with what its work touches: the one owner of the driver
+/// objects, and of the only `Drop`, wrapped by [`Graph`] (which borrows what the work touches) and
+/// [`ParkedGraph`] (which borrows nothing and cannot be launched).
+struct Instance {
     captured: sys::CUgraph,
     exec: sys::CUgraphExec,
     /// The context the graph was captured in, retained: its replays and kernels run there.
@@ -103,24 +137,32 @@ pub struct Graph<'g> {
     /// The capture's id: a [`KernelNode`] of another graph is refused.
     id: u64,
     kernels: Vec<Kernel>,
-    /// Everything captured is borrowed for `'g`: invariant, as [`Capture`].
-    _borrows: PhantomData<&'g mut &'g ()>,
+    /// The bytes the graph's copies and memsets touch, and those of kernel launches that were
+    /// refused or whose node was not found (the kernels keep their own).
+    touches: Vec<Touch>,
 }
 
 // SAFETY: a graph and its instantiation are driver objects, not thread-local state; the driver API
 // is thread-safe, and every call on them binds the graph's context first. Moving the handle moves no
-// memory it borrows.
-unsafe impl Send for Graph<'_> {}
-// SAFETY: `&Graph` gives only replays (`cuGraphLaunch`, which the driver orders behind the graph's
-// earlier launches) and reads of its fields.
-unsafe impl Sync for Graph<'_> {}
+// memory it borrows. The kernels' handles are names the driver resolves, read only through `&mut`
+// (a new set of arguments) or copied.
+unsafe impl Send for Instance {}
+// SAFETY: `&Instance` gives only replays (`cuGraphLaunch`, which the driver orders behind the
+// graph's earlier launches, through `&Graph`) and reads of its fields.
+unsafe impl Sync for Instance {}
 
-/// One captured kernel launch: its node, and what a new set of arguments keeps.
+/// One captured kernel launch: its node, what a new set of arguments keeps, and what a rebind
+/// needs: the kernel's module and the bytes its arguments reach.
 struct Kernel {
     node: sys::CUgraphNode,
     function: sys::CUfunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
+    /// The id of the kernel's [`Module`](crate::Module), which must stay loaded while the graph
+    /// can be launched.
+    module: u64,
+    /// The bytes of its view arguments (the kernel touches only those: the launch's contract).
+    touches: Vec<Touch>,
 }
 
 /// A kernel launch captured into a [`Graph`], whose arguments [`Graph::set_kernel_args`] changes.
@@ -130,13 +172,26 @@ pub struct KernelNode {
     index: usize,
 }
 
-impl fmt::Debug for Graph<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Graph")
+impl Instance {
+    fn debug(&self, f: &mut fmt::Formatter<'_>, name: &str) -> fmt::Result {
+        f.debug_struct(name)
             .field("device", &self.context.device())
             .field("id", &self.id)
             .field("kernels", &self.kernels.len())
             .finish_non_exhaustive()
+    }
+
+    /// Every range the graph's work touches: its copies' and memsets', and its kernels'.
+    fn touches(&self) -> impl Iterator<Item = &Touch> {
+        self.touches
+            .iter()
+            .chain(self.kernels.iter().flat_map(|k| k.touches.iter()))
+    }
+}
+
+impl fmt::Debug for Graph<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.debug(f, "Graph")
     }
 }
 
@@ -181,6 +236,8 @@ impl<'g> Graph<'g> {
             stream,
             id,
             kernels: RefCell::new(Vec::new()),
+            touches: RefCell::new(Vec::new()),
+            pending: RefCell::new(Vec::new()),
             _borrows: PhantomData,
         };
         // Ends the capture and destroys its graph while a panic of `f` unwinds (the guard is local
@@ -206,12 +263,17 @@ impl<'g> Graph<'g> {
             destroy_graph(graph);
             return Err(error.into());
         }
+        let mut touches = capture.touches.into_inner();
+        touches.extend(capture.pending.into_inner());
         Ok(Graph {
-            captured: graph,
-            exec,
-            context: stream.context().clone(),
-            id,
-            kernels: capture.kernels.into_inner(),
+            inner: Instance {
+                captured: graph,
+                exec,
+                context: stream.context().clone(),
+                id,
+                kernels: capture.kernels.into_inner(),
+                touches,
+            },
             _borrows: PhantomData,
         })
     }
@@ -236,57 +298,85 @@ impl<'g> Graph<'g> {
         node: KernelNode,
         args: A,
     ) -> Result<A::Output, Error> {
-        let kernel = self
+        let inner = &mut self.inner;
+        let kernel = inner
             .kernels
-            .get(node.index)
-            .filter(|_| node.graph == self.id)
+            .get_mut(node.index)
+            .filter(|_| node.graph == inner.id)
             .ok_or(Error::InvalidArgument {
                 what: "kernel node of another graph",
             })?;
-        let device = self.context.device();
+        let device = inner.context.device();
         args.check(device)?;
-        self.context.bind_to_thread()?;
-        let exec = self.exec;
-        args.launch_with(sealed::Token::new(ptr::null_mut(), true), |params| {
-            let params = sys::CUDA_KERNEL_NODE_PARAMS_v2 {
-                func: kernel.function,
-                gridDimX: kernel.grid.0,
-                gridDimY: kernel.grid.1,
-                gridDimZ: kernel.grid.2,
-                blockDimX: kernel.block.0,
-                blockDimY: kernel.block.1,
-                blockDimZ: kernel.block.2,
-                sharedMemBytes: 0,
-                kernelParams: if params.is_empty() {
-                    ptr::null_mut()
-                } else {
-                    params.as_mut_ptr()
-                },
-                extra: ptr::null_mut(),
-                kern: ptr::null_mut(),
-                ctx: ptr::null_mut(),
-            };
-            // SAFETY: `exec` is this graph's instantiation and `kernel.node` one of its kernel
-            // nodes (captured with it), in the current context (bound above); the driver copies
-            // the parameters before returning. No replay runs (`&mut self`). The caller guarantees
-            // that the arguments match the kernel (`# Safety`); every view is reachable from the
-            // graph's device (checked) and borrowed for `'g`, as the graph is.
-            Ok(check(unsafe {
-                sys::cuGraphExecKernelNodeSetParams_v2(exec, kernel.node, &raw const params)
-            })?)
-        })
+        inner.context.bind_to_thread()?;
+        let exec = inner.exec;
+        let (function, grid, block, kernel_node) =
+            (kernel.function, kernel.grid, kernel.block, kernel.node);
+        let mut touched = Vec::new();
+        let set = args.launch_with(
+            sealed::Token::new(ptr::null_mut(), true),
+            |params, touches| {
+                // Recorded before the call: where the driver refuses it, the old arguments stay, and
+                // a rebind then asks for both the old and the new memory.
+                touched.extend(touches.iter().flatten().copied());
+                let params = sys::CUDA_KERNEL_NODE_PARAMS_v2 {
+                    func: function,
+                    gridDimX: grid.0,
+                    gridDimY: grid.1,
+                    gridDimZ: grid.2,
+                    blockDimX: block.0,
+                    blockDimY: block.1,
+                    blockDimZ: block.2,
+                    sharedMemBytes: 0,
+                    kernelParams: if params.is_empty() {
+                        ptr::null_mut()
+                    } else {
+                        params.as_mut_ptr()
+                    },
+                    extra: ptr::null_mut(),
+                    kern: ptr::null_mut(),
+                    ctx: ptr::null_mut(),
+                };
+                // SAFETY: `exec` is this graph's instantiation and `kernel.node` one of its kernel
+                // nodes (captured with it), in the current context (bound above); the driver copies
+                // the parameters before returning. No replay runs (`&mut self`). The caller guarantees
+                // that the arguments match the kernel (`# Safety`); every view is reachable from the
+                // graph's device (checked) and borrowed for `'g`, as the graph is.
+                Ok(check(unsafe {
+                    sys::cuGraphExecKernelNodeSetParams_v2(exec, kernel_node, &raw const params)
+                })?)
+            },
+        );
+        if set.is_ok() {
+            kernel.touches = touched;
+        } else {
+            kernel.touches.extend(touched);
+        }
+        set
     }
 
     /// The device the graph runs on.
     #[must_use]
     pub fn device(&self) -> crate::Device {
-        self.context.device()
+        self.inner.context.device()
     }
 
     /// The number of kernel launches captured.
     #[must_use]
     pub fn kernels(&self) -> usize {
-        self.kernels.len()
+        self.inner.kernels.len()
+    }
+
+    /// Park the graph: keep its instantiation and let go of everything it borrows, so that the
+    /// memory it uses can be evicted, unmapped or regranted meanwhile. No driver call. A
+    /// [`ParkedGraph`] cannot be launched; [`ParkedGraph::rebind`] gives a [`Graph`] again once
+    /// the memory it touches is given back, mapped and granted.
+    ///
+    /// # Examples
+    /// See [`ParkedGraph`].
+    #[must_use = "a parked graph is launched only once rebound"]
+    pub fn park(self) -> ParkedGraph {
+        ParkedGraph::new(self.inner)
     }
 
     /// `cuGraphLaunch` on `stream`, for [`ScopedStream::launch_graph`], which checks the device and
@@ -296,17 +386,20 @@ impl<'g> Graph<'g> {
         // of the graph's device: checked by the caller). Its work uses only what the graph borrows
         // for `'g`, which outlives the scope that borrows the graph for the replay and waits for
         // its stream.
-        Ok(check(unsafe { sys::cuGraphLaunch(self.exec, stream) })?)
+        Ok(check(unsafe {
+            sys::cuGraphLaunch(self.inner.exec, stream)
+        })?)
     }
 }
 
-impl Drop for Graph<'_> {
+impl Drop for Instance {
     fn drop(&mut self) {
         // Errors are ignored: `drop` cannot return them, and an instantiation or graph the driver
         // refuses to destroy is leaked, which touches no memory. No replay is under way: every scope
-        // that borrowed the graph has waited for it.
+        // that borrowed the graph has waited for it (a parked graph has none).
         let _ = self.context.bind_to_thread();
-        // SAFETY: the instantiation and graph made by `capture`, destroyed once, here.
+        // SAFETY: the instantiation and graph made by `capture`, destroyed once, here (the one owner
+        // is this value: `park` and `finish` move it whole).
         let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
         destroy_graph(self.captured);
     }
@@ -322,6 +415,11 @@ pub struct Capture<'s, 'g> {
     /// The capture's id, which each [`KernelNode`] records.
     id: u64,
     kernels: RefCell<Vec<Kernel>>,
+    /// The bytes the captured copies and memsets touch.
+    touches: RefCell<Vec<Touch>>,
+    /// The bytes of the arguments of the kernel launch being captured: the kernel's own once its
+    /// node is known, else the graph's.
+    pending: RefCell<Vec<Touch>>,
     /// Invariant in `'g`, so no operation accepts a borrow shorter than the graph's.
     _borrows: PhantomData<&'g mut &'g ()>,
 }
@@ -354,6 +452,14 @@ impl<'g> Queue<'g> for Capture<'_, 'g> {
             Err(Error::StreamCapturing {
                 what: "the stream is capturing another graph than this capture's",
             })
+        }
+    }
+
+    fn touch(&self, touch: Touch, kernel: bool) {
+        if kernel {
+            self.pending.borrow_mut().push(touch);
+        } else {
+            self.touches.borrow_mut().push(touch);
         }
     }
 }
@@ -430,14 +536,25 @@ impl<'g> Capture<'_, 'g> {
         args: A,
     ) -> Result<(A::Output, KernelNode), Error> {
         // SAFETY: the caller keeps `launch`'s contract (`# Safety`), which is the queue's.
-        let output = unsafe { queue::launch(self, function, grid, block, args)? };
-        let node = last_node(self.stream)?;
+        let launched = unsafe { queue::launch(self, function, grid, block, args) };
+        let touches = core::mem::take(&mut *self.pending.borrow_mut());
+        // A refused launch, or one whose node is not found, may still have added a node: its bytes
+        // are kept as the graph's.
+        let (output, node) = match launched.and_then(|o| Ok((o, last_node(self.stream)?))) {
+            Ok(done) => done,
+            Err(error) => {
+                self.touches.borrow_mut().extend(touches);
+                return Err(error);
+            }
+        };
         let mut kernels = self.kernels.borrow_mut();
         kernels.push(Kernel {
             node,
             function: function.raw(),
             grid,
             block,
+            module: function.module_id(),
+            touches,
         });
         let index = kernels.len().saturating_sub(1);
         Ok((

@@ -13,6 +13,15 @@ use super::lend::{DeviceInFlight, ScopedRead, ScopedWrite, sealed};
 #[cfg(doc)]
 use super::scope::ScopedStream;
 
+/// What [`KernelArg::into_param`] gives: the parameter, the launch's output, the count of a lend in
+/// progress and the bytes of the view.
+type Param<'scope, A> = (
+    <A as KernelArg<'scope>>::Param,
+    <A as KernelArg<'scope>>::Output,
+    sealed::Counted<'scope>,
+    Option<sealed::Touch>,
+);
+
 /// One argument of a kernel launched on a [`ScopedStream`]: a view lent for the rest of the scope
 /// (read-only: `DeviceSlice<'scope, T>`, `&'scope DeviceSlice<'_, T>`,
 /// `&'scope DeviceSliceMut<'_, T>`, [`DeviceInFlight<'scope, T>`](DeviceInFlight); written:
@@ -28,13 +37,11 @@ pub trait KernelArg<'scope>: sealed::Arg {
     /// `Err` unless `device` reaches the view's memory; `Ok` for a plain value.
     #[doc(hidden)]
     fn check(&self, device: Device) -> Result<(), Error>;
-    /// The parameter, what the launch returns, and the count of a lend in progress, held until the
-    /// kernel is queued; the view lent to work on the token's stream.
+    /// The parameter, what the launch returns, the count of a lend in progress, held until the
+    /// kernel is queued, and the bytes of the view (none for a plain value); the view lent to work
+    /// on the token's stream.
     #[doc(hidden)]
-    fn into_param(
-        self,
-        token: sealed::Token,
-    ) -> Result<(Self::Param, Self::Output, sealed::Counted<'scope>), Error>;
+    fn into_param(self, token: sealed::Token) -> Result<Param<'scope, Self>, Error>;
 }
 
 impl<T: Pod> sealed::Arg for T {}
@@ -44,8 +51,8 @@ impl<T: Pod> KernelArg<'_> for T {
     fn check(&self, _: Device) -> Result<(), Error> {
         Ok(())
     }
-    fn into_param(self, _: sealed::Token) -> Result<(T, (), sealed::Counted<'static>), Error> {
-        Ok((self, (), sealed::Counted(None)))
+    fn into_param(self, _: sealed::Token) -> Result<Param<'static, Self>, Error> {
+        Ok((self, (), sealed::Counted(None), None))
     }
 }
 
@@ -59,12 +66,10 @@ macro_rules! read_arg {
             fn check(&self, device: Device) -> Result<(), Error> {
                 ScopedRead::<'scope, T>::check_reach(self, device)
             }
-            fn into_param(
-                self,
-                token: sealed::Token,
-            ) -> Result<(sys::CUdeviceptr, (), sealed::Counted<'scope>), Error> {
+            fn into_param(self, token: sealed::Token) -> Result<Param<'scope, Self>, Error> {
                 let (view, _, counted) = ScopedRead::<'scope, T>::lend(self, token)?.into_parts();
-                Ok((view.as_raw_ptr(), (), counted))
+                let touch = sealed::Touch::device::<T>(view.as_raw_ptr(), view.len(), false);
+                Ok((view.as_raw_ptr(), (), counted, Some(touch)))
             }
         }
     )*};
@@ -87,15 +92,12 @@ macro_rules! write_arg {
             fn check(&self, device: Device) -> Result<(), Error> {
                 ScopedWrite::<'scope, T>::check_reach(self, device)
             }
-            fn into_param(
-                self,
-                token: sealed::Token,
-            ) -> Result<(sys::CUdeviceptr, DeviceInFlight<'scope, T>, sealed::Counted<'scope>), Error>
-            {
+            fn into_param(self, token: sealed::Token) -> Result<Param<'scope, Self>, Error> {
                 let lent = ScopedWrite::<'scope, T>::lend_mut(self, token)?;
                 let written = lent.written();
                 let (view, _, counted) = lent.into_parts();
-                Ok((view.as_raw_ptr(), written, counted))
+                let touch = sealed::Touch::device::<T>(view.as_raw_ptr(), view.len(), true);
+                Ok((view.as_raw_ptr(), written, counted, Some(touch)))
             }
         }
     )*};
@@ -114,13 +116,13 @@ pub trait KernelArgs<'scope>: sealed::Args {
     /// `Err` unless `device` reaches every view's memory.
     #[doc(hidden)]
     fn check(&self, device: Device) -> Result<(), Error>;
-    /// Calls `launch` with one pointer per argument, each at the argument's value, alive for the call;
-    /// the views lent to work on the token's stream.
+    /// Calls `launch` with one pointer per argument, each at the argument's value, alive for the
+    /// call, and the bytes of each view argument; the views lent to work on the token's stream.
     #[doc(hidden)]
     fn launch_with(
         self,
         token: sealed::Token,
-        launch: impl FnOnce(&mut [*mut c_void]) -> Result<(), Error>,
+        launch: impl FnOnce(&mut [*mut c_void], &[Option<sealed::Touch>]) -> Result<(), Error>,
     ) -> Result<Self::Output, Error>;
 }
 
@@ -133,14 +135,14 @@ impl KernelArgs<'_> for () {
     fn launch_with(
         self,
         _: sealed::Token,
-        launch: impl FnOnce(&mut [*mut c_void]) -> Result<(), Error>,
+        launch: impl FnOnce(&mut [*mut c_void], &[Option<sealed::Touch>]) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        launch(&mut [])
+        launch(&mut [], &[])
     }
 }
 
 macro_rules! kernel_args {
-    ($(($($arg:ident $value:ident $out:ident $held:ident),+))*) => {$(
+    ($(($($arg:ident $value:ident $out:ident $held:ident $touch:ident),+))*) => {$(
         impl<'scope, $($arg: KernelArg<'scope>),+> sealed::Args for ($($arg,)+) {}
         impl<'scope, $($arg: KernelArg<'scope>),+> KernelArgs<'scope> for ($($arg,)+) {
             type Output = ($($arg::Output,)+);
@@ -152,12 +154,12 @@ macro_rules! kernel_args {
             fn launch_with(
                 self,
                 token: sealed::Token,
-                launch: impl FnOnce(&mut [*mut c_void]) -> Result<(), Error>,
+                launch: impl FnOnce(&mut [*mut c_void], &[Option<sealed::Touch>]) -> Result<(), Error>,
             ) -> Result<Self::Output, Error> {
                 let ($($value,)+) = self;
                 // Each count is held until the kernel is queued: dropped at the end of this body.
-                $(let (mut $value, $out, $held) = $arg::into_param($value, token)?;)+
-                launch(&mut [$((&raw mut $value).cast::<c_void>()),+])?;
+                $(let (mut $value, $out, $held, $touch) = $arg::into_param($value, token)?;)+
+                launch(&mut [$((&raw mut $value).cast::<c_void>()),+], &[$($touch),+])?;
                 drop(($($held,)+));
                 Ok(($($out,)+))
             }
@@ -166,16 +168,16 @@ macro_rules! kernel_args {
 }
 
 kernel_args! {
-    (A a oa ha)
-    (A a oa ha, B b ob hb)
-    (A a oa ha, B b ob hb, C c oc hc)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi, J j oj hj)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi, J j oj hj, K k ok hk)
-    (A a oa ha, B b ob hb, C c oc hc, D d od hd, E e oe he, F f of hf, G g og hg, H h oh hh, I i oi hi, J j oj hj, K k ok hk, L l ol hl)
+    (A a oa ha ta)
+    (A a oa ha ta, B b ob hb tb)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf, G g og hg tg)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf, G g og hg tg, H h oh hh th)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf, G g og hg tg, H h oh hh th, I i oi hi ti)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf, G g og hg tg, H h oh hh th, I i oi hi ti, J j oj hj tj)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf, G g og hg tg, H h oh hh th, I i oi hi ti, J j oj hj tj, K k ok hk tk)
+    (A a oa ha ta, B b ob hb tb, C c oc hc tc, D d od hd td, E e oe he te, F f of hf tf, G g og hg tg, H h oh hh th, I i oi hi ti, J j oj hj tj, K k ok hk tk, L l ol hl tl)
 }

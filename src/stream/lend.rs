@@ -231,6 +231,42 @@ pub(crate) mod sealed {
         }
     }
 
+    /// Bytes that one queued operation touches, `[start, end)`: device memory (or host memory, for
+    /// the host side of a copy), read or written. A capture records every one, so that a parked
+    /// graph is rebound only over memory that covers all it touches
+    /// ([`Rebind::finish`](crate::stream::Rebind::finish)).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Touch {
+        pub(crate) start: u64,
+        pub(crate) end: u64,
+        pub(crate) written: bool,
+        pub(crate) host: bool,
+    }
+
+    impl Touch {
+        /// The bytes of a device view of `len` values of `T` at `ptr`.
+        pub(crate) fn device<T>(ptr: u64, len: usize, written: bool) -> Touch {
+            Touch::new(ptr, len, size_of::<T>(), written, false)
+        }
+
+        /// The bytes of `len` values of `T` of host memory at `ptr`.
+        pub(crate) fn host<T>(ptr: *const T, len: usize, written: bool) -> Touch {
+            Touch::new(ptr as u64, len, size_of::<T>(), written, true)
+        }
+
+        /// Saturating: a view's bytes fit its reservation, and a slice's its address space, so
+        /// nothing saturates; were it to, the range would only grow (and be refused, not missed).
+        fn new(start: u64, len: usize, size: usize, written: bool, host: bool) -> Touch {
+            let bytes = u64::try_from(len.saturating_mul(size)).unwrap_or(u64::MAX);
+            Touch {
+                start,
+                end: start.saturating_add(bytes),
+                written,
+                host,
+            }
+        }
+    }
+
     /// A view as lent to one queued operation: the view, where it came from, and, for memory that
     /// can leave while the scope lasts, the count of a lend in progress, held until the operation has
     /// queued its work (so that a retire records its events after that work). Only this crate makes

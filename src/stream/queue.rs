@@ -34,6 +34,13 @@ pub(super) trait Queue<'a> {
     fn token(&self) -> sealed::Token;
     /// Binds the stream's context and checks that the stream takes the work now.
     fn admit(&self) -> Result<(), Error>;
+    /// Records bytes that the operation about to be queued touches (`kernel`: an argument of the
+    /// kernel launch about to be queued), before the driver call that queues it, so that what a
+    /// refused call may have queued is recorded too. A capture keeps them for its graph's rebind;
+    /// a scope's stream needs nothing.
+    fn touch(&self, touch: sealed::Touch, kernel: bool) {
+        let _ = (touch, kernel);
+    }
 }
 
 fn check_len(expected: usize, found: usize) -> Result<(), Error> {
@@ -57,6 +64,11 @@ pub(super) fn copy_from_host<'a, T: Pod>(
     reachable(&dst, q.stream().device())?;
     q.admit()?;
     if len > 0 {
+        q.touch(
+            sealed::Touch::device::<T>(dst.as_raw_ptr(), len, true),
+            false,
+        );
+        q.touch(sealed::Touch::host(src, len, false), false);
         // SAFETY: `dst` is `len` values of device memory reachable from the stream's device
         // (checked above), lent exclusively to this copy for `'a` (a writable view, given up);
         // `src` is `len` readable values of host memory borrowed shared for `'a`, which nothing
@@ -91,6 +103,14 @@ pub(super) fn copy_to_host<'a, T: Pod>(
         _host: PhantomData,
     };
     if written.len > 0 {
+        q.touch(
+            sealed::Touch::host(written.ptr.cast_const(), written.len, true),
+            false,
+        );
+        q.touch(
+            sealed::Touch::device::<T>(src.as_raw_ptr(), src.len(), false),
+            false,
+        );
         // SAFETY: `written.ptr` is `len` writable values of host memory, borrowed mutably for
         // `'a` (so nothing else reads or writes it, and `HostInFlight` gives the host no access
         // to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
@@ -122,6 +142,14 @@ pub(super) fn copy_from_device<'a, T: Pod>(
     reachable(&src, q.stream().device())?;
     q.admit()?;
     if !dst.is_empty() {
+        q.touch(
+            sealed::Touch::device::<T>(dst.as_raw_ptr(), dst.len(), true),
+            false,
+        );
+        q.touch(
+            sealed::Touch::device::<T>(src.as_raw_ptr(), src.len(), false),
+            false,
+        );
         // SAFETY: both ranges are `len` values of device memory reachable from the stream's device
         // (checked above), whose context is current (`Queue::admit`); `dst` is lent exclusively for
         // `'a`, `src` shared. Their virtual ranges cannot overlap (one exclusive, one shared);
@@ -150,6 +178,10 @@ pub(super) fn memset<'a, T: Pod>(
     reachable(&dst, q.stream().device())?;
     q.admit()?;
     if !dst.is_empty() {
+        q.touch(
+            sealed::Touch::device::<T>(dst.as_raw_ptr(), dst.len(), true),
+            false,
+        );
         // SAFETY: `dst` is device memory reachable from the stream's device (checked above), whose
         // context is current (`Queue::admit`), lent exclusively for `'a`. The work is over before `'a`
         // ends (the contract of `Queue`).
@@ -187,7 +219,10 @@ pub(super) unsafe fn launch<'a, A: KernelArgs<'a>>(
     }
     args.check(device)?;
     q.admit()?;
-    args.launch_with(q.token(), |params| {
+    args.launch_with(q.token(), |params, touches| {
+        for touch in touches.iter().flatten() {
+            q.touch(*touch, true);
+        }
         let params = if params.is_empty() {
             ptr::null_mut()
         } else {

@@ -27,6 +27,38 @@ impl<M: AccessMode> VirtualBuffer<M> {
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
+    /// For the rebind of a parked graph: `Ok(false)` where the device addresses `[start, end)` are
+    /// not all inside the reservation; `Ok(true)` where every byte is on a mapped, granted page
+    /// that is neither evicted nor retired, and `device` is in the access set; otherwise the error
+    /// naming the bytes: [`Error::PageRange`] (counted from the base, the evicted range for evicted
+    /// bytes) or [`Error::GraphRange`] for a device outside the access set. Checked as for a view.
+    pub(crate) fn covers_for_graph(
+        &self,
+        start: u64,
+        end: u64,
+        device: Device,
+    ) -> Result<bool, Error> {
+        let offsets = start
+            .checked_sub(self.base)
+            .zip(end.checked_sub(self.base))
+            .and_then(|(s, e)| Some((usize::try_from(s).ok()?, usize::try_from(e).ok()?)));
+        let Some((from, to)) = offsets.filter(|&(s, e)| s < e && e <= self.budget) else {
+            return Ok(false);
+        };
+        if self.context_of(device).is_err() {
+            return Err(Error::GraphRange {
+                start,
+                end,
+                host: false,
+                problem: "are in a VirtualBuffer whose access set does not name the graph's device",
+            });
+        }
+        let table = self.lock();
+        check_not_evicted(&table.evicted, from, to)?;
+        check_covered(&table.pages, from, to)?;
+        Ok(true)
+    }
+
     /// The context of `device` in the access set.
     pub(super) fn context_of(&self, device: Device) -> Result<&Context, Error> {
         self.access
