@@ -2,7 +2,8 @@
 //! replays count 10 000 and leak nothing, nor do 1 000 captures; a replay after a growth of other
 //! pages of the buffer it reads; kernel arguments changed between scopes; what a capture refuses;
 //! a capture that neither refuses nor is invalidated by another thread's waits; and a graph parked
-//! across an eviction, refused while the range is evicted and replayed after the restore. Every test skips
+//! across an eviction, refused while the range is evicted and replayed after the restore, and one
+//! dropped after its module was unloaded. Every test skips
 //! visibly without a GPU. The tests take one lock, since some measure free memory.
 
 mod common;
@@ -745,4 +746,81 @@ fn a_rebind_is_refused_where_the_graphs_device_lost_its_grant() {
             .all(|&v| v == 0x5a5a_5a5a)
     );
     buffer.free().unwrap();
+}
+
+/// A parked graph holds no borrow of the module its kernel came from, so the module can be unloaded
+/// first (`cuModuleUnload` while an instantiated graph still has a node of its kernel): dropping the
+/// parked graph afterwards (`cuGraphExecDestroy`, `cuGraphDestroy`) must leave the context healthy,
+/// and a rebind with a module loaded again from the same PTX is refused (another module).
+#[test]
+fn a_parked_graph_outlives_its_module() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("a_parked_graph_outlives_its_module") else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let n = g / 4;
+    let n32 = u32::try_from(n).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let data = pattern(n, 5);
+    let plus: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
+    let mut src = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
+    src.grow(device, g).unwrap();
+    src.slice_bytes_mut::<u32>(..)
+        .unwrap()
+        .copy_from_host(&data)
+        .unwrap();
+    let mut out = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
+    out.grow(device, g).unwrap();
+    let module = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
+    let parked = {
+        let add_one = module.function(c"add_one").unwrap();
+        let from = src.slice_bytes::<u32>(..).unwrap();
+        let mut dst = out.slice_bytes_mut::<u32>(..).unwrap();
+        let graph = Graph::capture(&stream, |c| {
+            // SAFETY: add_one(u32* dst, const u32* src, u32 n) touches `n` values of each.
+            unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut dst, from, n32))? };
+            Ok(())
+        })
+        .unwrap();
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        graph.park()
+    };
+    assert_eq!(out.slice_bytes::<u32>(..).unwrap().to_vec().unwrap(), plus);
+    drop(module);
+    // The same PTX loaded again is another module: the parked graph's kernel is not in it.
+    let again = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
+    let refused = parked
+        .rebind()
+        .reads(&src)
+        .writes(&mut out)
+        .module(&again)
+        .finish()
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::InvalidArgument { .. }),
+        "{:?}",
+        refused.error()
+    );
+    drop(refused); // the parked graph is destroyed here, after its module was unloaded
+    // The context still runs work: a kernel of the new module, a download and a wait.
+    let add_one = again.function(c"add_one").unwrap();
+    let mut dst = out.slice_bytes_mut::<u32>(..).unwrap();
+    let from = src.slice_bytes::<u32>(..).unwrap();
+    let mut back = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    cuda_vmm::scope(|s| {
+        let q = s.on(&stream);
+        // SAFETY: as above.
+        let (sum, (), ()) =
+            unsafe { q.launch(&add_one, blocks(n), (256, 1, 1), (&mut dst, &from, n32))? };
+        q.copy_to_host(&mut back, sum)?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        back.to_vec(),
+        plus,
+        "a launch after the parked graph's drop"
+    );
+    ctx.synchronize().unwrap();
 }
