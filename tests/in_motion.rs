@@ -2,8 +2,9 @@
 //! while a kernel runs on its other pages, retires pages behind running work without a host wait
 //! (their memory is released only once that work has finished, on every stream of the scope), and
 //! refuses every later lend of a retired page; a `Rewritable` slot is written again and again in one
-//! scope; 16 threads grow, write and retire in one scope; and thousands of rounds with faults
-//! injected leave free memory where it was, to the byte. Every test skips visibly without a GPU.
+//! scope; 16 threads grow, write and retire in one scope; a range is evicted behind running work
+//! and restored at the same address in one scope; and thousands of rounds with faults injected leave
+//! free memory where it was, to the byte. Every test skips visibly without a GPU.
 //! The tests take one lock, since they measure free memory.
 
 mod common;
@@ -802,4 +803,299 @@ fn a_prefix_page_shared_across_two_gpus() {
     assert_eq!(prefix.share_count(), 4);
     drop((writer, reader));
     assert_eq!(prefix.share_count(), 1);
+}
+
+/// Whether `result` is the refusal of an evicted range, naming exactly `range`.
+fn names_evicted<T>(result: &Result<T, Error>, range: std::ops::Range<usize>) -> bool {
+    matches!(
+        result,
+        Err(Error::PageRange { start, end, problem })
+            if (*start, *end) == (range.start, range.end) && problem.contains("evicted")
+    )
+}
+
+/// A 64 MiB page evicted inside a scope, behind a 300 ms kernel that writes it, while a 900 ms
+/// kernel runs on another stream of the scope: the eviction returns at once (the kernel's event and
+/// the copy's not complete); every lend, view, page, retire and eviction of the range is refused at
+/// once, naming the evicted bytes; free memory does not move while either kernel runs (a restore is
+/// refused then: the old page is not released), and rises by exactly the page's bytes once both
+/// have finished. The evicted bytes are the kernel's; after a stream-ordered restore they are the
+/// same at the same address, read by queued work and by the host after the scope, and old handles
+/// do not reach the new page.
+#[test]
+#[allow(clippy::too_many_lines)] // one timeline against two running kernels, read in order
+fn a_range_evicted_in_a_scope_is_released_only_after_every_stream() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_range_evicted_in_a_scope_is_released_only_after_every_stream")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let big = align_size(64 << 20, g).unwrap();
+    let n = g / 4;
+    let module = spin_module(&ctx);
+    let kernel = module.function(c"spin_add_one").unwrap();
+    let data = pattern(n, 31);
+    let host_in = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+    let mut refused_out = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut restored_out = PinnedBuffer::<u32>::zeroed(&ctx, big / 4).unwrap();
+    let (work, side) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let (uploaded, written, side_done) = (
+        Event::new(&ctx).unwrap(),
+        Event::new(&ctx).unwrap(),
+        Event::new(&ctx).unwrap(),
+    );
+    let n32 = u32::try_from(n).unwrap();
+    warm_up(&ctx);
+    let free_at_start = free_memory(&ctx);
+    let mut cache = VirtualBuffer::new(4 * big, &[device], ReadWrite).unwrap();
+    cache.grow(device, big).unwrap(); // the kernels' source, and the side kernel's output
+    cache.grow(device, big).unwrap(); // written by the first kernel, evicted
+    let before = pattern(big / 4, 32);
+    cache
+        .slice_bytes_mut::<u32>(big..2 * big)
+        .unwrap()
+        .copy_from_host(&before)
+        .unwrap();
+    let mut expected = plus_one(&data);
+    expected.extend_from_slice(&before[n..]);
+    let base = cache.base();
+
+    let mut took = Duration::ZERO;
+    cuda_vmm::scope(|s| {
+        let (w, sd) = (s.on(&work), s.on(&side));
+        let kv = cache.in_scope(s);
+        let mut src = kv.write::<u32>(0..g)?;
+        let mut side_dst = kv.write::<u32>(g..2 * g)?;
+        let mut dst = kv.write::<u32>(big..big + g)?;
+        let up = w.copy_from_host(&mut src, &host_in)?;
+        w.record(&uploaded)?;
+        sd.wait(&uploaded)?;
+        // SAFETY: spin_add_one(u32*, const u32*, u32, u64), `n` values of each view.
+        unsafe { sd.launch(&kernel, GRID, BLOCK, (&mut side_dst, up, n32, nanos(3 * SPIN)))? };
+        sd.record(&side_done)?;
+        // SAFETY: as above.
+        let (out, (), (), ()) =
+            unsafe { w.launch(&kernel, GRID, BLOCK, (&mut dst, up, n32, nanos(SPIN)))? };
+        w.record(&written)?;
+
+        let start = Instant::now();
+        let asleep = kv.evict(w, big..2 * big)?;
+        took = start.elapsed();
+        assert!(!written.is_complete()?, "the eviction waited for the kernel");
+        assert!(
+            !asleep.is_complete()?,
+            "the copy ran before the kernel that writes its bytes"
+        );
+        assert_eq!(
+            asleep.ranges().map(|r| (r.start, r.end)).collect::<Vec<_>>(),
+            [(big, 2 * big)]
+        );
+        assert_eq!((kv.evicted_bytes(), kv.retired_bytes()), (big, big));
+        let free_evicting = free_memory(&ctx);
+        assert_eq!(kv.reclaim()?, 0, "released while the kernels run");
+
+        // Refused at once, naming the evicted bytes: new views, every old handle, a page over it.
+        let evicted_range = big..2 * big;
+        assert!(
+            names_evicted(&kv.read::<u32>(big..big + 4), evicted_range.clone()),
+            "a new view"
+        );
+        assert!(
+            names_evicted(
+                &kv.write::<u32>(2 * big - 4..2 * big),
+                evicted_range.clone()
+            ),
+            "a new writable view"
+        );
+        assert!(
+            names_evicted(&w.memset(&mut dst, 0), evicted_range.clone()),
+            "a write through the slot lent before"
+        );
+        assert!(
+            names_evicted(&w.copy_to_host(&mut refused_out, out), evicted_range.clone()),
+            "a read through the kernel's written handle"
+        );
+        assert!(
+            names_evicted(&kv.map_page(big, device, big), evicted_range.clone()),
+            "a page over it"
+        );
+        assert!(is_page_range(&kv.evict(w, big..2 * big)), "a second eviction");
+        assert!(is_page_range(&kv.retire(big..2 * big)), "a retire");
+        assert!(!written.is_complete()?, "the checks waited");
+
+        let evicted = asleep.wait()?; // the test's wait: the kernel and the copy only
+        assert!(
+            !side_done.is_complete()?,
+            "the side kernel ended too soon for this test"
+        );
+        assert_eq!(
+            evicted.host_bytes(),
+            bytemuck::cast_slice::<u32, u8>(&expected),
+            "the evicted bytes are the kernel's"
+        );
+        assert_eq!(
+            kv.reclaim()?,
+            0,
+            "released while the side stream's kernel runs"
+        );
+        assert_eq!(
+            free_memory(&ctx),
+            free_evicting,
+            "memory moved while a kernel of the scope runs"
+        );
+        // A restore now would map over the page still mapped: refused, the handle back.
+        let refused = kv.restore(w, evicted).unwrap_err();
+        assert!(
+            matches!(refused.error(), Error::PageRange { start, end, .. } if (*start, *end) == (big, 2 * big)),
+            "{}",
+            refused.error()
+        );
+        let evicted = refused.into_evicted();
+
+        side_done.synchronize()?;
+        w.synchronize()?;
+        assert_eq!(kv.reclaim()?, 1);
+        assert_eq!(
+            free_memory(&ctx),
+            free_evicting + big,
+            "free memory rises by exactly the evicted bytes"
+        );
+        assert_eq!((kv.evicted_bytes(), kv.retired_bytes()), (big, 0));
+
+        kv.restore(w, evicted)?;
+        assert_eq!(
+            free_memory(&ctx),
+            free_evicting,
+            "the restore maps the page again"
+        );
+        assert_eq!(kv.evicted_bytes(), 0);
+        assert!(
+            is_page_range(&w.memset(&mut dst, 0)),
+            "an old handle over the restored page"
+        );
+        let back = kv.read::<u32>(big..2 * big)?;
+        w.copy_to_host(&mut restored_out, back)?; // after the restore's copy, on its stream
+        Ok(())
+    })
+    .unwrap();
+    println!("eviction behind a {SPIN:?} kernel: returned in {took:?}");
+    assert_eq!(restored_out.to_vec(), expected, "read by queued work");
+    assert_eq!(cache.base(), base, "the address is unchanged");
+    assert_eq!(
+        cache
+            .slice_bytes::<u32>(big..2 * big)
+            .unwrap()
+            .to_vec()
+            .unwrap(),
+        expected,
+        "read by the host after the scope"
+    );
+    let pages: Vec<(usize, usize)> = cache.pages().map(|p| (p.offset, p.size)).collect();
+    assert_eq!(pages, [(0, big), (big, big)]);
+    let stats = cache.stats();
+    assert_eq!((stats.pages_evicted, stats.pages_restored), (1, 1));
+    cache.free().unwrap();
+    assert_eq!(free_memory(&ctx), free_at_start, "leaked");
+}
+
+/// One round of evictions and restores inside a scope, with faults injected: a hole, a shared page
+/// and a page cut in two refused; a stream of another scope refused; a handle of another buffer
+/// refused; every third round, the handle dropped while its copy may run (the range stays
+/// evicted); otherwise the range restored on the scope's stream and read back by queued work.
+fn scoped_evict_round(
+    ctx: &Context,
+    g: usize,
+    round: u32,
+    (work, stranger): (&Stream, &Stream),
+    out: &mut PinnedBuffer<u32>,
+) {
+    let device = ctx.device();
+    let prefix = SharedPage::new(device, g).unwrap();
+    let mut cache = VirtualBuffer::new(8 * g, &[device], ReadWrite).unwrap();
+    let mut other = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
+    cache.grow(device, 2 * g).unwrap();
+    cache.grow(device, g).unwrap();
+    cache.map_shared(4 * g, &prefix).unwrap(); // a hole at 3g..4g
+    other.grow(device, g).unwrap();
+    let data = pattern(3 * g / 4, round);
+    cache
+        .slice_bytes_mut::<u32>(..3 * g)
+        .unwrap()
+        .copy_from_host(&data)
+        .unwrap();
+    let foreign = other.evict(..).unwrap();
+    let dropped_in_flight = round.is_multiple_of(3);
+    cuda_vmm::scope(|s| {
+        let w = s.on(work);
+        let kv = cache.in_scope(s);
+        assert!(is_page_range(&kv.evict(w, 3 * g..4 * g)), "a hole");
+        assert!(is_page_range(&kv.evict(w, 4 * g..5 * g)), "a shared page");
+        assert!(is_page_range(&kv.evict(w, g..3 * g)), "a page cut in two");
+        let outsider = cuda_vmm::scope(|inner| {
+            Ok(matches!(
+                kv.evict(inner.on(stranger), 2 * g..3 * g),
+                Err(Error::StreamRefused { .. })
+            ))
+        })?;
+        assert!(outsider, "an eviction on a stream of another scope");
+        let wrong = kv.restore(w, foreign).unwrap_err();
+        assert!(matches!(wrong.error(), Error::InvalidArgument { .. }));
+        drop(wrong);
+        let asleep = kv.evict(w, ..2 * g)?;
+        if dropped_in_flight {
+            drop(asleep); // waits for the copy before freeing the bytes
+            return Ok(());
+        }
+        let evicted = asleep.wait()?;
+        w.synchronize()?;
+        assert_eq!(kv.reclaim()?, 1);
+        kv.restore(w, evicted)?;
+        let back = kv.read::<u32>(..3 * g)?;
+        w.copy_to_host(&mut out[..], back)?;
+        Ok(())
+    })
+    .unwrap();
+    if dropped_in_flight {
+        assert_eq!(cache.evicted_bytes(), 2 * g, "round {round}");
+    } else {
+        assert_eq!(out.to_vec(), data, "round {round}");
+    }
+    drop(prefix);
+    if round.is_multiple_of(2) {
+        cache.free().unwrap();
+    } // else dropped, with the retire of a dropped eviction pending or not.
+}
+
+/// Three hundred rounds of evictions and restores inside scopes, with faults injected (over 3 000
+/// calls), leave free memory where it was, to the byte.
+#[test]
+fn scoped_evict_restore_rounds_with_faults_leak_nothing() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("scoped_evict_restore_rounds_with_faults_leak_nothing")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let (work, stranger) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut out = PinnedBuffer::<u32>::zeroed(&ctx, 3 * g / 4).unwrap();
+    warm_up(&ctx);
+    scoped_evict_round(&ctx, g, 1, (&work, &stranger), &mut out);
+    let free_before = free_memory(&ctx);
+    let rounds = 300;
+    for round in 1..=rounds {
+        scoped_evict_round(&ctx, g, round, (&work, &stranger), &mut out);
+    }
+    work.synchronize().unwrap();
+    let free_after = free_memory(&ctx);
+    println!(
+        "{rounds} scoped eviction rounds with faults: free before {free_before}, after {free_after}"
+    );
+    assert_eq!(
+        free_after,
+        free_before,
+        "leaked {} bytes",
+        free_before.abs_diff(free_after)
+    );
 }

@@ -149,6 +149,10 @@ assert_not_impl_any!(cuda_vmm::owned::Unmapped: Clone, Copy);
 assert_impl_all!(cuda_vmm::owned::Evicted: Send, Sync);
 assert_not_impl_any!(cuda_vmm::owned::Evicted: Clone, Copy);
 assert_impl_all!(cuda_vmm::owned::NotRestored: Send, Sync, std::error::Error);
+// An eviction in flight owns its pinned bytes and the event after its copies: no lifetime, so it
+// leaves its scope; not a copy (its bytes are taken once, by `wait`).
+assert_impl_all!(cuda_vmm::owned::EvictedInFlight: Send, Sync);
+assert_not_impl_any!(cuda_vmm::owned::EvictedInFlight: Clone, Copy);
 assert_impl_all!(cuda_vmm::owned::PageOptions: Send, Sync, Copy);
 // Host memory and memory shared between processes: owned allocations move between threads like any
 // other; the CPU grant is an exclusive borrow of the mapped bytes (`&mut [u8]`), so Send and Sync.

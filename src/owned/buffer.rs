@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{Context, Device};
 use crate::error::{DriverError, DriverResult, Error, check, first_error};
-use crate::stream::Event;
+use crate::stream::{Event, PinnedBuffer};
 use crate::sys;
 use crate::view::range_bounds;
 use crate::vmm::access::set_access;
@@ -22,12 +22,14 @@ use super::pages::{Claims, RETIRED, Span, check_new_range, insertion_point, page
 use super::shared::SharedPage;
 
 mod evict;
+mod evict_ordered;
 mod exportable;
 mod retire;
 mod scoped;
 mod views;
 
 pub use evict::{Evicted, NotRestored};
+pub use evict_ordered::EvictedInFlight;
 pub use exportable::PageOptions;
 pub use scoped::{BufferRead, ScopedBuffer};
 
@@ -189,8 +191,9 @@ struct Table {
     /// Turned by each retire; its parity is the slot of `VirtualBuffer::lending` that admissions
     /// count in.
     generation: usize,
-    /// The byte ranges `[start, end)` of evicted pages, sorted and disjoint, none overlapping a page:
-    /// no view, lend or new page reaches them until [`VirtualBuffer::restore`] maps them again.
+    /// The byte ranges `[start, end)` of evicted pages, sorted and disjoint, none overlapping a page
+    /// that is not retired (an eviction inside a scope keeps its pages, retired, until their
+    /// release): no view, lend or new page reaches them until a restore maps them again.
     evicted: Vec<(usize, usize)>,
 }
 
@@ -208,6 +211,9 @@ impl Table {
 struct Retiring {
     offsets: Vec<usize>,
     events: Vec<Event>,
+    /// Host memory that the work reads (the source of a stream-ordered restore's copies), freed
+    /// with the retire: once every event has completed, or after the drop's wait for them.
+    host: Option<PinnedBuffer<u8>>,
 }
 
 /// A growable, address-stable buffer of device memory: one reserved address range (the *budget*),

@@ -5,7 +5,7 @@
 use core::fmt;
 use core::ops::{Range, RangeBounds};
 
-use super::{BUDGET, Memory, VirtualBuffer, bump, unmap_span};
+use super::{BUDGET, Memory, Table, VirtualBuffer, bump, unmap_span};
 use crate::device::Device;
 use crate::error::{Error, check};
 use crate::owned::pages::{RETIRED, Span, insertion_point, pages_inside};
@@ -40,16 +40,75 @@ pub(super) fn check_not_evicted(
     }
 }
 
+/// The pages of `table` inside `[start, end)`, checked for an eviction before any driver call: at
+/// least one, none retired, every one granted and owned by the buffer (not a share).
+pub(super) fn evictable_pieces(
+    table: &Table,
+    start: usize,
+    end: usize,
+) -> Result<Vec<Piece>, Error> {
+    let span = pages_inside(&table.pages, start, end)?;
+    let pages = table.pages.get(span).unwrap_or_default();
+    if pages.is_empty() {
+        return Err(Error::PageRange {
+            start,
+            end,
+            problem: "hold no page to evict",
+        });
+    }
+    let mut pieces = Vec::with_capacity(pages.len());
+    for page in pages {
+        let problem = if page.retired {
+            Some(RETIRED)
+        } else if !page.granted {
+            Some("are mapped but not granted (undoing a failed grant failed): not readable")
+        } else if matches!(page.memory, Memory::Shared(_)) {
+            Some("are a shared page, whose memory its other shares keep: evicting it frees nothing")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(Error::PageRange {
+                start: page.start(),
+                end: page.end(),
+                problem,
+            });
+        }
+        pieces.push(Piece {
+            offset: page.offset,
+            size: page.memory.size(),
+            device: page.device,
+        });
+    }
+    Ok(pieces)
+}
+
+/// Refuses `pieces` unless each is still an evicted range of `table` (a handle restored already is
+/// not restored again).
+pub(super) fn check_still_evicted(table: &Table, pieces: &[Piece]) -> Result<(), Error> {
+    match pieces
+        .iter()
+        .find(|p| !table.evicted.contains(&(p.offset, p.end())))
+    {
+        Some(piece) => Err(Error::PageRange {
+            start: piece.offset,
+            end: piece.end(),
+            problem: "are not evicted (the handle was restored already?)",
+        }),
+        None => Ok(()),
+    }
+}
+
 /// One evicted page: where it was, its size and its device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Piece {
-    offset: usize,
-    size: usize,
-    device: Device,
+pub(super) struct Piece {
+    pub(super) offset: usize,
+    pub(super) size: usize,
+    pub(super) device: Device,
 }
 
 impl Piece {
-    fn end(&self) -> usize {
+    pub(super) fn end(&self) -> usize {
         self.offset.saturating_add(self.size)
     }
 }
@@ -80,10 +139,10 @@ impl Piece {
 /// ```
 pub struct Evicted {
     /// The id of the buffer it came from.
-    buffer: u64,
+    pub(super) buffer: u64,
     /// In address order; their bytes lie one after another in `bytes`, in the same order.
-    pieces: Vec<Piece>,
-    bytes: PinnedBuffer<u8>,
+    pub(super) pieces: Vec<Piece>,
+    pub(super) bytes: PinnedBuffer<u8>,
 }
 
 impl fmt::Debug for Evicted {
@@ -172,8 +231,8 @@ impl Evicted {
 /// ```
 #[derive(Debug)]
 pub struct NotRestored {
-    error: Error,
-    evicted: Evicted,
+    pub(super) error: Error,
+    pub(super) evicted: Evicted,
 }
 
 impl NotRestored {
@@ -240,6 +299,16 @@ impl<M: crate::vmm::access::AccessMode> VirtualBuffer<M> {
 }
 
 impl VirtualBuffer<ReadWrite> {
+    /// `cuMemCreate` of new memory for each of `pieces` (same sizes, same devices, the buffer's
+    /// page options): all of it before any page is mapped, so the likely refusal (out of memory)
+    /// changes nothing.
+    pub(super) fn memories_for(&self, pieces: &[Piece]) -> Result<Vec<PhysicalAllocation>, Error> {
+        pieces
+            .iter()
+            .map(|p| PhysicalAllocation::with_options(p.size, self.options.for_device(p.device)))
+            .collect()
+    }
+
     /// `cuMemHostAlloc`, `cuMemcpyDtoH`, `cuMemUnmap`, `cuMemRelease` — evict the pages inside the
     /// byte range `range`: copy their bytes to pinned host memory (returned in an [`Evicted`]),
     /// then unmap them and release their memory, so that the device's free memory rises by their
@@ -345,44 +414,7 @@ impl VirtualBuffer<ReadWrite> {
 
     /// The pages inside `[start, end)`, checked for an eviction before any driver call.
     fn evictable(&mut self, start: usize, end: usize) -> Result<Vec<Piece>, Error> {
-        let table = self.table_mut();
-        let span = pages_inside(&table.pages, start, end)?;
-        let pages = table.pages.get(span).unwrap_or_default();
-        if pages.is_empty() {
-            return Err(Error::PageRange {
-                start,
-                end,
-                problem: "hold no page to evict",
-            });
-        }
-        let mut pieces = Vec::with_capacity(pages.len());
-        for page in pages {
-            let problem = if page.retired {
-                Some(RETIRED)
-            } else if !page.granted {
-                Some("are mapped but not granted (undoing a failed grant failed): not readable")
-            } else if matches!(page.memory, Memory::Shared(_)) {
-                Some(
-                    "are a shared page, whose memory its other shares keep: evicting it frees \
-                     nothing",
-                )
-            } else {
-                None
-            };
-            if let Some(problem) = problem {
-                return Err(Error::PageRange {
-                    start: page.start(),
-                    end: page.end(),
-                    problem,
-                });
-            }
-            pieces.push(Piece {
-                offset: page.offset,
-                size: page.memory.size(),
-                device: page.device,
-            });
-        }
-        Ok(pieces)
+        evictable_pieces(self.table_mut(), start, end)
     }
 
     /// Unmaps and releases the pages of `pieces`, in order, marking each range evicted; stops at
@@ -480,23 +512,8 @@ impl VirtualBuffer<ReadWrite> {
 
     fn restore_pieces(&mut self, evicted: &Evicted) -> Result<(), Error> {
         self.reclaim_all_finished();
-        {
-            let table = self.table_mut();
-            for piece in &evicted.pieces {
-                if !table.evicted.contains(&(piece.offset, piece.end())) {
-                    return Err(Error::PageRange {
-                        start: piece.offset,
-                        end: piece.end(),
-                        problem: "are not evicted (the handle was restored already?)",
-                    });
-                }
-            }
-        }
-        let memories = evicted
-            .pieces
-            .iter()
-            .map(|p| PhysicalAllocation::with_options(p.size, self.options.for_device(p.device)))
-            .collect::<Result<Vec<_>, Error>>()?;
+        check_still_evicted(self.table_mut(), &evicted.pieces)?;
+        let memories = self.memories_for(&evicted.pieces)?;
         {
             let mut table = self.lock();
             let mut mapped = 0usize;

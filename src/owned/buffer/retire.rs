@@ -124,6 +124,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
                     }
                 }
             }
+            // Host memory that the finished work read (a restore's source) is freed now.
+            drop(retire.host);
             let room = SPARE_EVENTS.saturating_sub(table.spare_events.len());
             table
                 .spare_events
@@ -196,37 +198,42 @@ impl<M: AccessMode> VirtualBuffer<M> {
                     problem: RETIRED,
                 });
             }
-            each(&mut |stream| {
-                if stream.is_capturing()? {
-                    Err(Error::StreamCapturing {
-                        what: "a retire is not ordered after a capturing stream: its event would \
-                               be a node of the graph, not a mark of the stream",
-                    })
-                } else {
-                    Ok(())
-                }
-            })?;
-            let mut offsets = Vec::with_capacity(span.len());
-            for page in table.pages.get_mut(span).into_iter().flatten() {
-                page.retired = true;
-                offsets.push(page.offset);
-                bump(&mut table.stats.pages_retired);
-            }
+            not_capturing(each)?;
+            let marked = mark_retired(table, span);
             table.claims.forget(start, end);
-            let old = table.generation % 2;
-            table.generation = table.generation.wrapping_add(1);
-            (offsets, old)
+            marked
         };
+        self.wait_for_lends(old)?;
+        let count = offsets.len();
+        self.record_retire(offsets, each).map(|()| count)
+    }
+
+    /// Waits until every lend admitted in the generation whose slot is `old` (turned by the caller
+    /// while it marked pages, under the lock) has queued its work. The lock is not held here: a
+    /// lend in progress may need it for a second view of the same buffer (a copy between two of its
+    /// ranges, a launch with several).
+    pub(super) fn wait_for_lends(&self, old: usize) -> Result<(), Error> {
         // Every lend admitted before the pages were marked counts in slot `old`, and queues its work
         // before it is uncounted; lends admitted since count in the other slot, and none of them
-        // reaches the retired pages. The lock is not held here: a lend in progress may need it for
-        // a second view of the same buffer (a copy between two of its ranges, a launch with several).
+        // reaches the marked pages.
         let slot = self.lending.get(old).ok_or(Error::Overflow {
             what: "lend generation",
         })?;
         while slot.load(Ordering::Acquire) != 0 {
             std::thread::yield_now();
         }
+        Ok(())
+    }
+
+    /// `cuEventRecord` on each stream `each` names, after the work queued so far: the pages at
+    /// `offsets` (marked retired) are released once every event has completed. A refused record, or
+    /// a capture begun meanwhile, waits for every stream here instead (the one wait), and returns
+    /// the record's error.
+    pub(super) fn record_retire(
+        &self,
+        offsets: Vec<usize>,
+        each: EachStream<'_>,
+    ) -> Result<(), Error> {
         let mut guard = self.lock();
         let table = &mut *guard;
         let mut events = Vec::new();
@@ -254,10 +261,45 @@ impl<M: AccessMode> VirtualBuffer<M> {
             let _ = each(&mut |stream| stream.synchronize());
             events.clear();
         }
-        let count = offsets.len();
-        table.retiring.push(Retiring { offsets, events });
-        recorded.map(|()| count)
+        table.retiring.push(Retiring {
+            offsets,
+            events,
+            host: None,
+        });
+        recorded
     }
+}
+
+/// `Ok` where no stream `each` names is capturing a graph: a retire's event recorded there would be
+/// a node of the graph, not a mark of the stream.
+pub(super) fn not_capturing(each: EachStream<'_>) -> Result<(), Error> {
+    each(&mut |stream| {
+        if stream.is_capturing()? {
+            Err(Error::StreamCapturing {
+                what: "a retire is not ordered after a capturing stream: its event would be a node \
+                       of the graph, not a mark of the stream",
+            })
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Marks the pages `table.pages[span]` retired and turns the lend generation: the pages' offsets,
+/// and the slot of the generation before (which [`VirtualBuffer::wait_for_lends`] waits on).
+pub(super) fn mark_retired(
+    table: &mut Table,
+    span: core::ops::Range<usize>,
+) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(span.len());
+    for page in table.pages.get_mut(span).into_iter().flatten() {
+        page.retired = true;
+        offsets.push(page.offset);
+        bump(&mut table.stats.pages_retired);
+    }
+    let old = table.generation % 2;
+    table.generation = table.generation.wrapping_add(1);
+    (offsets, old)
 }
 
 // The page table of a buffer lent to a scope admits each lend of one of its views.

@@ -41,6 +41,12 @@ use crate::vmm::access::{AccessMode, ReadWrite, elements};
 ///   after all the work queued so far (and after every lend in progress has queued its work); the
 ///   pages are released once every event has completed: by [`reclaim`](ScopedBuffer::reclaim), a
 ///   later grow, map or retire, or the buffer's drop, which waits. Free memory rises only then.
+/// - **Eviction** ([`evict`](ScopedBuffer::evict)) queues copies of a range's pages to pinned host
+///   memory on one stream of the scope and retires the pages behind them: the range is evicted at
+///   once (no view, lend or page reaches it), the bytes come in an
+///   [`EvictedInFlight`](super::EvictedInFlight) once the copies have completed, and
+///   [`restore`](ScopedBuffer::restore) maps new pages at the same addresses and queues the copies
+///   back, all with no host wait: an engine sleeps and wakes a range inside its one long scope.
 ///
 /// Only work on a stream of the scope ([`Scope::on`]) takes its views: a retire orders its release
 /// after those streams, so a view lent elsewhere (to a cudarc scope, say) is refused
@@ -80,8 +86,8 @@ use crate::vmm::access::{AccessMode, ReadWrite, elements};
 /// ```
 #[derive(Clone, Copy)]
 pub struct ScopedBuffer<'scope, M: AccessMode = ReadWrite> {
-    buffer: &'scope VirtualBuffer<M>,
-    streams: &'scope (dyn Registry + 'scope),
+    pub(super) buffer: &'scope VirtualBuffer<M>,
+    pub(super) streams: &'scope (dyn Registry + 'scope),
 }
 
 impl<M: AccessMode> fmt::Debug for ScopedBuffer<'_, M> {
@@ -135,6 +141,13 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     #[must_use]
     pub fn retired_bytes(&self) -> usize {
         self.buffer.retired_bytes()
+    }
+
+    /// As [`VirtualBuffer::evicted_bytes`]: an eviction in the scope counts at once, its pages also
+    /// in [`retired_bytes`](ScopedBuffer::retired_bytes) until they are released.
+    #[must_use]
+    pub fn evicted_bytes(&self) -> usize {
+        self.buffer.evicted_bytes()
     }
 
     /// As [`VirtualBuffer::pages`].
