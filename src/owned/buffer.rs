@@ -28,7 +28,7 @@ mod scoped;
 mod views;
 
 pub use evict::{Evicted, NotRestored};
-pub use exportable::PageOptions;
+pub use exportable::{ExportableBuffer, PageOptions};
 pub use scoped::{BufferRead, ScopedBuffer};
 
 /// What a range out of a buffer's bounds is out of, in errors.
