@@ -266,7 +266,9 @@ fn run() -> BenchResult<()> {
     if std::env::args().nth(1).as_deref() == Some("motion") {
         motion_rows(ctx, g, &mut rows)?;
         graph_rows(ctx, &mut rows)?;
-        return report(&device.name()?, devices.len(), &rows, &[]);
+        let mut not_run = Vec::new();
+        shareable_rows(ctx, g, &mut rows, &mut not_run)?;
+        return report(&device.name()?, devices.len(), &rows, &not_run);
     }
 
     for (label, size, reps) in [("2 MiB", 2usize << 20, 2000), ("1 GiB", 1usize << 30, 300)] {
@@ -307,6 +309,7 @@ fn run() -> BenchResult<()> {
     stream_rows(ctx, bytes, &mut rows)?;
     let mut not_run = Vec::new();
     owned_rows(ctx, g, &mut rows, &mut not_run)?;
+    shareable_rows(ctx, g, &mut rows, &mut not_run)?;
     motion_rows(ctx, g, &mut rows)?;
     graph_rows(ctx, &mut rows)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
@@ -3154,4 +3157,325 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
     drop(comm);
     drop(library);
     Ok(())
+}
+
+/// Shareable and evictable owned memory, on GPU 0, each against the raw driver calls of the same
+/// work in the same run, with the raw calls against themselves as calibration:
+/// - export + send + import of a 5-page `ExportableBuffer` (one message of 5 descriptors over a
+///   socket pair in this process, imported as a `VirtualBuffer` and freed) against 5
+///   `cuMemExportToShareableHandle`, one `sendmsg` / `recvmsg`, 5 `cuMemImportFromShareableHandle`,
+///   `cuMemAddressReserve`, 5 `cuMemMap` + `cuMemSetAccess`, and the teardown the safe drop makes
+///   (5 `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`); goal <= 1.01;
+/// - `evict` + `restore` of a 1 GiB page against `cuMemHostAlloc` + `cuMemcpyDtoH` + `cuMemUnmap` +
+///   `cuMemRelease` + `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` + `cuMemcpyHtoD` +
+///   `cuMemFreeHost` (the crate pins new host memory for each eviction, as this does); goal <= 1.01;
+///   its GB/s (2 GiB moved per round) against the host link (~55 GB/s each way), and the raw round
+///   with its pinned memory kept (the floor), goal "report".
+///
+/// With the argument `motion`, these rows run too, after the graph rows.
+// Long: both rows' raw sides are written out call by call, inside this one function.
+#[allow(clippy::too_many_lines)]
+fn shareable_rows(
+    ctx: &Context,
+    g: usize,
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    /// The export + send + import row.
+    #[cfg(unix)]
+    fn shareable_export_row(
+        ctx: &Context,
+        g: usize,
+        rows: &mut Vec<Row>,
+        not_run: &mut Vec<String>,
+    ) -> BenchResult<()> {
+        use cuda_vmm::owned::ExportableBuffer;
+        use rustix::net::{
+            RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+            SendAncillaryMessage, SendFlags,
+        };
+        use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+        use std::os::unix::net::UnixStream;
+
+        const PIECES: usize = 5;
+        let device = ctx.device();
+        if !device.supports_posix_fd_handles()? {
+            not_run
+                .push("export + send + import of a 5-page buffer: no POSIX-fd memory".to_owned());
+            return Ok(());
+        }
+        let budget = 8 * g;
+        let buffer = ExportableBuffer::new(budget, &[device], ReadWrite)?;
+        for _ in 0..PIECES {
+            buffer.grow(device, g)?;
+        }
+        let (near_end, far_end) = UnixStream::pair()?;
+        let safe = || -> BenchResult<()> {
+            buffer.export()?.send(&near_end)?;
+            let imported = cuda_vmm::VirtualBuffer::receive(&far_end, &[device], ReadWrite)?;
+            imported.free()?;
+            Ok(())
+        };
+        let info = buffer.export()?.info().to_bytes();
+
+        // The raw side's own 5 pages, made exportable as POSIX fds, as the buffer's are.
+        ctx.bind_to_thread()?;
+        let (mut prop, desc) = page_props(device);
+        prop.handle_types = 1; // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        let mut handles = [0u64; PIECES];
+        for handle in &mut handles {
+            // SAFETY: `handle` is writable and `prop` a live, initialised property struct.
+            ok(unsafe { raw::cuMemCreate(handle, g, &raw const prop, 0) })?;
+        }
+        let raw_round = || -> BenchResult<()> {
+            let mut fds = Vec::with_capacity(PIECES);
+            for &handle in &handles {
+                let mut fd: i32 = -1;
+                // SAFETY: the driver writes one `int`; `handle` is a live exportable allocation.
+                ok(unsafe {
+                    raw_ipc::cuMemExportToShareableHandle((&raw mut fd).cast(), handle, 1, 0)
+                })?;
+                // SAFETY: the driver has just opened `fd` for the caller.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+            let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+            let mut space =
+                [core::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(PIECES))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            control.push(SendAncillaryMessage::ScmRights(&borrowed));
+            rustix::net::sendmsg(
+                &near_end,
+                &[std::io::IoSlice::new(&info)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )?;
+            drop(fds);
+            let mut bytes = [0u8; 256];
+            let mut space =
+                [core::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(PIECES))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            rustix::net::recvmsg(
+                &far_end,
+                &mut [std::io::IoSliceMut::new(&mut bytes)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )?;
+            let mut received: Vec<OwnedFd> = Vec::with_capacity(PIECES);
+            for message in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(fds) = message {
+                    received.extend(fds);
+                }
+            }
+            if received.len() != PIECES {
+                return Err("raw receive: not 5 descriptors".into());
+            }
+            let mut imported = [0u64; PIECES];
+            for (handle, fd) in imported.iter_mut().zip(&received) {
+                let fd_value = usize::try_from(fd.as_raw_fd())?;
+                // SAFETY: the descriptor's value in the pointer argument, as the driver takes a
+                // POSIX fd; `handle` is writable.
+                ok(unsafe {
+                    raw_ipc::cuMemImportFromShareableHandle(
+                        handle,
+                        core::ptr::without_provenance_mut(fd_value),
+                        1,
+                    )
+                })?;
+            }
+            drop(received);
+            let mut va = 0u64;
+            // SAFETY: `va` is writable; alignment `g` (the granularity), no fixed address, flags 0.
+            ok(unsafe { raw::cuMemAddressReserve(&raw mut va, budget, g, 0, 0) })?;
+            for (i, &handle) in imported.iter().enumerate() {
+                let at = va + (i * g) as u64;
+                // SAFETY: `[at, at + g)` lies inside the reservation just made, unmapped, aligned
+                // to `g`; `handle` is an imported allocation of `g` bytes.
+                ok(unsafe { raw::cuMemMap(at, g, 0, handle, 0) })?;
+                // SAFETY: `[at, at + g)` is the whole mapping just made; one live descriptor.
+                ok(unsafe { raw::cuMemSetAccess(at, g, &raw const desc, 1) })?;
+            }
+            for (i, &handle) in imported.iter().enumerate() {
+                // SAFETY: unmaps the mapping made above, once; no work used it. Then releases the
+                // imported handle, unmapped, once.
+                unsafe {
+                    ok(raw::cuMemUnmap(va + (i * g) as u64, g))?;
+                    ok(raw::cuMemRelease(handle))?;
+                }
+            }
+            // SAFETY: the reservation made above, every mapping in it unmapped, freed once.
+            ok(unsafe { raw::cuMemAddressFree(va, budget) })
+        };
+        if let Err(e) = safe().and_then(|()| raw_round()) {
+            not_run.push(format!("export + send + import of a 5-page buffer: {e}"));
+        } else {
+            let (a, b, calibration) = race_paired(1000, raw_round, raw_round)?;
+            rows.push(Row {
+                name: "export + send + import, 5-page buffer, raw vs raw (us)".to_owned(),
+                unit: "us",
+                safe: a * 1e6,
+                raw: b * 1e6,
+                paired: Some(calibration),
+                goal: "calibration: ~1",
+            });
+            let (safe_t, raw_t, paired) = race_paired(1000, safe, raw_round)?;
+            rows.push(Row {
+                name: "export + send + import (+ free), 5-page ExportableBuffer, one process (us)"
+                    .to_owned(),
+                unit: "us",
+                safe: safe_t * 1e6,
+                raw: raw_t * 1e6,
+                paired: Some(paired),
+                goal: "safe/raw <= 1.01",
+            });
+        }
+        for handle in handles {
+            // SAFETY: allocations made above, never mapped, released once.
+            ok(unsafe { raw::cuMemRelease(handle) })?;
+        }
+        Ok(())
+    }
+
+    /// The evict + restore rows.
+    fn evict_restore_rows(
+        ctx: &Context,
+        rows: &mut Vec<Row>,
+        not_run: &mut Vec<String>,
+    ) -> BenchResult<()> {
+        const REPS: usize = 15;
+        let device = ctx.device();
+        let size = GIB;
+        // The buffer's page, the raw page and the one each restore makes before it maps it.
+        let need = 3 * size + HEADROOM;
+        let (free, _) = ctx.memory_info()?;
+        if free < need {
+            not_run.push(format!(
+                "evict + restore 1 GiB: {} MiB of device memory free, {} MiB needed",
+                free >> 20,
+                need >> 20
+            ));
+            return Ok(());
+        }
+        let mut buffer = cuda_vmm::VirtualBuffer::new(size, &[device], ReadWrite)?;
+        buffer.grow(device, size)?;
+        let mut safe = || -> BenchResult<()> {
+            let evicted = buffer.evict(..)?;
+            buffer.restore(evicted)?;
+            Ok(())
+        };
+
+        // The raw side's page, at an address of its own.
+        ctx.bind_to_thread()?;
+        let (prop, desc) = page_props(device);
+        let mut va = 0u64;
+        // SAFETY: `va` is writable; alignment 0 (the default), no fixed address, flags 0.
+        ok(unsafe { raw::cuMemAddressReserve(&raw mut va, size, 0, 0, 0) })?;
+        let mut handle = 0u64;
+        // SAFETY: `handle` writable, `prop` live; then the whole reservation mapped with it and
+        // granted read-write to `device` (the reservation is `size` bytes, aligned by the driver
+        // to the granularity, of which `size` is a multiple).
+        unsafe {
+            ok(raw::cuMemCreate(&raw mut handle, size, &raw const prop, 0))?;
+            ok(raw::cuMemMap(va, size, 0, handle, 0))?;
+            ok(raw::cuMemSetAccess(va, size, &raw const desc, 1))?;
+        }
+        let handle = core::cell::Cell::new(handle);
+        // One round: copy out to `host`, unmap and release, create, map, grant, copy back.
+        let round = |host: *mut c_void| -> BenchResult<()> {
+            let mut new = 0u64;
+            // SAFETY: `host` holds `size` pinned bytes (the caller's); `[va, va + size)` is the
+            // mapping of `handle`, granted read-write, unmapped and released once here, then
+            // mapped again with new memory of the same size and granted; every copy is
+            // synchronous with the host for pinned memory, so nothing uses the range meanwhile.
+            unsafe {
+                ok(raw::cuMemcpyDtoH_v2(host, va, size))?;
+                ok(raw::cuMemUnmap(va, size))?;
+                ok(raw::cuMemRelease(handle.get()))?;
+                ok(raw::cuMemCreate(&raw mut new, size, &raw const prop, 0))?;
+                handle.set(new);
+                ok(raw::cuMemMap(va, size, 0, new, 0))?;
+                ok(raw::cuMemSetAccess(va, size, &raw const desc, 1))?;
+                ok(raw::cuMemcpyHtoD_v2(va, host, size))?;
+            }
+            Ok(())
+        };
+        // As the crate does: pinned memory made for the eviction and freed after the restore.
+        let raw_pinning = || -> BenchResult<()> {
+            let mut host = core::ptr::null_mut();
+            // SAFETY: `host` is writable; flags 0; `ctx` is current (bound above, and this thread
+            // binds no other).
+            ok(unsafe { raw::cuMemHostAlloc(&raw mut host, size, 0) })?;
+            let done = round(host);
+            // SAFETY: memory from `cuMemHostAlloc` just above, freed once; the copies that used it
+            // were synchronous.
+            ok(unsafe { raw::cuMemFreeHost(host) })?;
+            done
+        };
+        let mut kept = Pinned::new(ctx, size)?;
+        let kept_ptr = kept.bytes().as_mut_ptr().cast::<c_void>();
+        let raw_kept = || round(kept_ptr);
+
+        let outcome = (|| -> BenchResult<()> {
+            let (a, b, calibration) = race_paired(REPS, raw_pinning, raw_pinning)?;
+            rows.push(Row {
+                name: "evict + restore 1 GiB, raw vs raw (ms)".to_owned(),
+                unit: "ms",
+                safe: a * 1e3,
+                raw: b * 1e3,
+                paired: Some(calibration),
+                goal: "calibration: ~1",
+            });
+            let (safe_t, raw_t, paired) = race_paired(REPS, &mut safe, raw_pinning)?;
+            rows.push(Row {
+                name: "evict + restore 1 GiB, VirtualBuffer (ms)".to_owned(),
+                unit: "ms",
+                safe: safe_t * 1e3,
+                raw: raw_t * 1e3,
+                paired: Some(paired),
+                goal: "safe/raw <= 1.01",
+            });
+            rows.push(
+                Row::gbs(
+                    "evict + restore 1 GiB, 2 GiB moved per round (GB/s; host link ~55 each way)",
+                    2 * size,
+                    safe_t,
+                    raw_t,
+                    "report: against ~55 GB/s",
+                )
+                .with_paired_times(paired),
+            );
+            let (safe_k, floor_t, paired_k) = race_paired(REPS, &mut safe, raw_kept)?;
+            rows.push(Row {
+                name: "evict + restore 1 GiB vs raw with its pinned memory kept (ms)".to_owned(),
+                unit: "ms",
+                safe: safe_k * 1e3,
+                raw: floor_t * 1e3,
+                paired: Some(paired_k),
+                goal: "report: the cost of pinning per eviction",
+            });
+            let rate = |t: f64| float(2 * size) / t / 1e9;
+            println!(
+                "evict + restore 1 GiB: safe {:.1} GB/s, raw {:.1} GB/s, raw with pinned memory \
+                 kept {:.1} GB/s (2 GiB moved per round; pinned host <-> device is ~55 GB/s each way \
+                 on an H200, so ~55 GB/s is the ceiling)",
+                rate(safe_t),
+                rate(raw_t),
+                rate(floor_t)
+            );
+            Ok(())
+        })();
+        drop(kept);
+        // SAFETY: the raw page's mapping and memory, and its reservation, each ended once; no
+        // copy uses them any more (all synchronous).
+        unsafe {
+            ok(raw::cuMemUnmap(va, size))?;
+            ok(raw::cuMemRelease(handle.get()))?;
+            ok(raw::cuMemAddressFree(va, size))?;
+        }
+        buffer.free()?;
+        outcome
+    }
+
+    #[cfg(unix)]
+    shareable_export_row(ctx, g, rows, not_run)?;
+    evict_restore_rows(ctx, rows, not_run)
 }

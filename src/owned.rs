@@ -41,8 +41,8 @@ mod pages;
 mod shared;
 
 pub use buffer::{
-    BufferRead, BufferStats, Evicted, EvictedInFlight, NotRestored, PageInfo, PageOptions,
-    ScopedBuffer, VirtualBuffer,
+    BufferRead, BufferStats, Evicted, EvictedInFlight, ExportableBuffer, NotRestored, PageInfo,
+    PageOptions, ScopedBuffer, VirtualBuffer,
 };
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

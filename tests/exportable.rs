@@ -1,6 +1,6 @@
-//! Shareable and evictable owned memory on a GPU: a `VirtualBuffer` made exportable
-//! (`PageOptions::posix_fd`), exported whole to a child process that imports it as one owned buffer;
-//! and pages evicted to host memory and restored at the same addresses.
+//! Shareable and evictable owned memory on a GPU: an `ExportableBuffer` (a `VirtualBuffer` whose
+//! pages are made with `PageOptions::posix_fd`), exported whole to a child process that imports it
+//! as one owned buffer; and pages evicted to host memory and restored at the same addresses.
 //!
 //! The child is this test binary again (`current_exe()` with `<test name> --exact --nocapture`, the
 //! role in `CUDA_VMM_EXPORTABLE_CHILD`), its standard input its end of a Unix socket pair, as in
@@ -18,7 +18,7 @@ use common::processes::{
 use std::os::unix::net::UnixStream;
 
 use cuda_vmm::ipc::{ExportedAllocation, ExportedBuffer, PosixFd, ShareableAllocation};
-use cuda_vmm::owned::{PageOptions, SharedPage, SharedReservation, Unmapped};
+use cuda_vmm::owned::{ExportableBuffer, PageOptions, SharedPage, SharedReservation, Unmapped};
 use cuda_vmm::{Device, Error, Granularity, ReadWrite, VirtualBuffer, allocation_granularity};
 
 const CHILD: &str = "CUDA_VMM_EXPORTABLE_CHILD";
@@ -52,10 +52,8 @@ const BUDGET: usize = 16;
 const END: usize = 9;
 
 /// An exportable buffer of the five pieces, filled with `pattern(.., 1)`.
-fn five_piece_buffer(device: Device, g: usize) -> VirtualBuffer {
-    let mut buffer =
-        VirtualBuffer::with_options(BUDGET * g, &[device], ReadWrite, PageOptions::posix_fd())
-            .unwrap();
+fn five_piece_buffer(device: Device, g: usize) -> ExportableBuffer {
+    let mut buffer = ExportableBuffer::new(BUDGET * g, &[device], ReadWrite).unwrap();
     for (offset, size) in PIECES {
         buffer.map_page(offset * g, device, size * g).unwrap();
     }
@@ -150,17 +148,16 @@ fn child_imports_and_writes() {
         Err(Error::PageRange { .. })
     ));
     write_pieces(&mut buffer, g, 20);
-    // The imported buffer grows like any other, with exportable pages; the imported pages are not
-    // exported again: refused before any driver call, the first of them named.
-    buffer.grow(device, g).unwrap();
+    // The imported buffer grows like any other, with pages of the imported ones' options. It is a
+    // plain `VirtualBuffer`, with no `export`: the driver does not export imported memory again
+    // (`child_maps_the_import_twice` checks the run-time refusal of an imported page mapped into an
+    // exportable buffer).
     assert_eq!(
-        buffer.page_options(),
-        cuda_vmm::owned::PageOptions::posix_fd()
+        buffer.grow(device, g).unwrap(),
+        END * g,
+        "after the imported pages"
     );
-    match buffer.export() {
-        Err(Error::PageRange { start, .. }) => assert_eq!(start, PIECES[0].0 * g),
-        other => panic!("an export of imported pages: {other:?}"),
-    }
+    assert_eq!(buffer.page_options(), PageOptions::posix_fd());
     send_byte(std::io::stdin(), b'D');
 }
 
@@ -237,7 +234,7 @@ fn imported_allocation_maps_into_a_shared_reservation_and_a_buffer_page() {
         let exported = memory.export().unwrap();
         // The shareable memory itself, as a page of a buffer.
         let page = SharedPage::from_allocation(memory.into_allocation());
-        let mut buffer = VirtualBuffer::new(2 * g, &[device], ReadWrite).unwrap();
+        let mut buffer = ExportableBuffer::new(2 * g, &[device], ReadWrite).unwrap();
         buffer.map_shared(0, &page).unwrap();
         drop(page);
         buffer
@@ -279,15 +276,28 @@ fn child_maps_the_import_twice() {
         Unmapped::Owned(memory) => memory,
         Unmapped::Shared(_) => panic!("the mapping owned its memory"),
     };
-    // ... then as a shared page of a buffer, which writes.
+    // ... then as a shared page of an exportable buffer, which writes.
     let page = SharedPage::from_allocation(imported);
-    let mut buffer = VirtualBuffer::new(size, &[device], ReadWrite).unwrap();
-    buffer.map_shared(0, &page).unwrap();
+    let mut buffer = ExportableBuffer::new(2 * size, &[device], ReadWrite).unwrap();
+    buffer.grow(device, size).unwrap();
+    buffer.map_shared(size, &page).unwrap();
     buffer
-        .slice_bytes_mut::<u32>(..size)
+        .slice_bytes_mut::<u32>(size..)
         .unwrap()
         .copy_from_host(&pattern(size, 6))
         .unwrap();
+    // The imported page is not exported again (the driver would answer CUDA_ERROR_INVALID_VALUE):
+    // refused before any driver call, naming it, though the buffer's own page is exportable.
+    match buffer.export() {
+        Err(Error::PageRange { start, end, .. }) => assert_eq!((start, end), (size, 2 * size)),
+        other => panic!("an export of an imported page: {other:?}"),
+    }
+    buffer.unmap(size..).unwrap();
+    assert_eq!(
+        buffer.export().unwrap().info().pieces().len(),
+        1,
+        "its own page alone"
+    );
     send_byte(std::io::stdin(), b'D');
 }
 
@@ -391,8 +401,8 @@ fn evict_then_restore_frees_exactly_and_keeps_bytes_and_address() {
 }
 
 #[test]
-fn a_thousand_evict_restore_rounds_leak_nothing() {
-    const TEST: &str = "a_thousand_evict_restore_rounds_leak_nothing";
+fn ten_thousand_evict_restore_rounds_leak_nothing() {
+    const TEST: &str = "ten_thousand_evict_restore_rounds_leak_nothing";
     if child_role().is_some() {
         return;
     }
@@ -413,7 +423,7 @@ fn a_thousand_evict_restore_rounds_leak_nothing() {
             .copy_from_host(&pattern(3 * g, 9))
             .unwrap();
         let (free_mapped, _) = ctx.memory_info().unwrap();
-        for round in 0..1000 {
+        for round in 0..10_000 {
             let range = if round % 2 == 0 { ..3 * g } else { ..g };
             let evicted = buffer.evict(range).unwrap();
             buffer.restore(evicted).unwrap();
@@ -433,8 +443,9 @@ fn a_thousand_evict_restore_rounds_leak_nothing() {
     assert_eq!(settled_free(&ctx, free_before), free_before, "leak");
 }
 
-/// Exportable pages are checked once, at construction; an import of a description this process
-/// cannot honour is refused before any import, with nothing left mapped.
+/// Exportable pages are checked once, at construction; a page mapped into an exportable buffer from
+/// elsewhere is refused at export; an import of a description this process cannot honour is
+/// refused before any import, with nothing left mapped.
 #[test]
 fn exportable_options_and_imports_are_checked() {
     const TEST: &str = "exportable_options_and_imports_are_checked";
@@ -449,14 +460,25 @@ fn exportable_options_and_imports_are_checked() {
     warm_up(device, g);
     let (free_before, _) = ctx.memory_info().unwrap();
     {
-        // A plain buffer does not export.
-        let plain = VirtualBuffer::new(2 * g, &[device], ReadWrite).unwrap();
-        plain.grow(device, g).unwrap();
-        assert!(matches!(plain.export(), Err(Error::PageRange { .. })));
+        // A plain buffer has no `export` (ui-tests/owned/plain_buffer_exported.rs); an exportable
+        // one needs options with a POSIX-fd handle kind.
+        assert!(matches!(
+            ExportableBuffer::with_options(2 * g, &[device], ReadWrite, PageOptions::new()),
+            Err(Error::InvalidArgument { .. })
+        ));
+        // A page of memory made without a handle kind, mapped in as a shared page, is refused
+        // before any driver call, named, with nothing exported.
+        let mixed = ExportableBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+        mixed.grow(device, g).unwrap();
+        let plain_page = SharedPage::new(device, g).unwrap();
+        mixed.map_shared(2 * g, &plain_page).unwrap();
+        match mixed.export() {
+            Err(Error::PageRange { start, end, .. }) => assert_eq!((start, end), (2 * g, 3 * g)),
+            other => panic!("an export of a plain page: {other:?}"),
+        }
+        drop((mixed, plain_page));
         // An empty exportable buffer has nothing to export.
-        let empty =
-            VirtualBuffer::with_options(2 * g, &[device], ReadWrite, PageOptions::posix_fd())
-                .unwrap();
+        let empty = ExportableBuffer::new(2 * g, &[device], ReadWrite).unwrap();
         assert!(matches!(empty.export(), Err(Error::ZeroSize { .. })));
         // A description naming a device this process does not have.
         let buffer = five_piece_buffer(device, g);

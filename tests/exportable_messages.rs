@@ -5,8 +5,8 @@
 //! after every case).
 //!
 //! One test function, so that the count of this process's open descriptors is not moved by another
-//! test running at the same time. (cargo-fuzz is not installed on the build machines, so the
-//! decoder's fuzzing is these property tests; the decoder is pure and runs anywhere.)
+//! test running at the same time. The same is fuzzed with cargo-fuzz in `fuzz/` (the `receive`
+//! target), where the sanitizer build is available; these property tests run everywhere.
 
 #![cfg(target_os = "linux")]
 

@@ -13,7 +13,9 @@ use cuda_vmm::{
     VirtualBuffer, owned::BufferStats, owned::OwnedMapping, owned::PageInfo,
     owned::SharedReservation,
 };
-use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq};
+use static_assertions::{
+    assert_eq_size, assert_impl_all, assert_not_impl_any, assert_type_eq_all, const_assert_eq,
+};
 
 // Owned driver objects move between threads and are shared by reference: the driver API is
 // thread-safe and none of them has interior state of its own.
@@ -154,6 +156,20 @@ assert_impl_all!(cuda_vmm::owned::NotRestored: Send, Sync, std::error::Error);
 assert_impl_all!(cuda_vmm::owned::EvictedInFlight: Send, Sync);
 assert_not_impl_any!(cuda_vmm::owned::EvictedInFlight: Clone, Copy);
 assert_impl_all!(cuda_vmm::owned::PageOptions: Send, Sync, Copy);
+// An exportable buffer is the buffer itself (a newtype): the same auto traits, no lifetime, no
+// copy, and no byte more than a `VirtualBuffer`; `ReadWrite` by default, as `VirtualBuffer`.
+assert_impl_all!(cuda_vmm::owned::ExportableBuffer<ReadWrite>: Send, Sync);
+assert_impl_all!(cuda_vmm::owned::ExportableBuffer<ReadOnly>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::owned::ExportableBuffer: Clone, Copy);
+assert_eq_size!(
+    cuda_vmm::owned::ExportableBuffer<ReadWrite>,
+    VirtualBuffer<ReadWrite>
+);
+assert_type_eq_all!(
+    cuda_vmm::owned::ExportableBuffer,
+    cuda_vmm::owned::ExportableBuffer<ReadWrite>
+);
+const _: () = owned_outright::<cuda_vmm::owned::ExportableBuffer<ReadWrite>>();
 // Host memory and memory shared between processes: owned allocations move between threads like any
 // other; the CPU grant is an exclusive borrow of the mapped bytes (`&mut [u8]`), so Send and Sync.
 assert_impl_all!(cuda_vmm::host::HostAllocation: Send, Sync);

@@ -356,7 +356,7 @@ impl Reader<'_> {
 
 /// An exported buffer: one POSIX file descriptor per page (std [`OwnedFd`]s, closed on drop), in the
 /// order of its [`BufferInfo`]'s pieces. Made by
-/// [`VirtualBuffer::export`](crate::VirtualBuffer::export), sent with
+/// [`ExportableBuffer::export`](crate::owned::ExportableBuffer::export), sent with
 /// [`send`](ExportedBuffer::send), received with [`receive`](ExportedBuffer::receive), imported with
 /// [`VirtualBuffer::import`](crate::VirtualBuffer::import).
 ///
@@ -460,12 +460,12 @@ impl ExportedBuffer {
     ///
     /// # Examples
     /// ```no_run
-    /// use cuda_vmm::{Device, ReadWrite, VirtualBuffer, owned::PageOptions};
+    /// use cuda_vmm::{Device, ReadWrite, owned::ExportableBuffer};
     ///
     /// # fn main() -> cuda_vmm::Result<()> {
     /// # let socket = std::os::unix::net::UnixStream::pair().unwrap().0;
     /// let device = Device::get(0)?;
-    /// let buffer = VirtualBuffer::with_options(1 << 30, &[device], ReadWrite, PageOptions::posix_fd())?;
+    /// let buffer = ExportableBuffer::new(1 << 30, &[device], ReadWrite)?;
     /// buffer.grow(device, 2 << 20)?;
     /// buffer.export()?.send(&socket)?; // one message, one descriptor per page
     /// # Ok(())

@@ -74,7 +74,10 @@ impl ExportedAllocation {
     #[doc(alias = "recvmsg")]
     #[doc(alias = "SCM_RIGHTS")]
     pub fn receive(socket: impl AsFd) -> Result<ExportedAllocation, Error> {
-        let mut bytes = [0u8; ExportInfo::ENCODED_LEN];
+        // One byte more than a description: on a stream socket (which keeps no message boundary
+        // and so sets no `MSG_TRUNC`) a longer message is seen to be too long, not cut short and
+        // accepted. Found by fuzzing (`fuzz/fuzz_targets/receive.rs`).
+        let mut bytes = [0u8; ExportInfo::ENCODED_LEN + 1];
         let mut space =
             [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_RECEIVED_FDS))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -104,10 +107,14 @@ impl ExportedAllocation {
         if message.flags.contains(ReturnFlags::TRUNC) {
             return bad("the message is longer than a shared-allocation description");
         }
+        if message.bytes > ExportInfo::ENCODED_LEN {
+            return bad("the message is longer than a shared-allocation description");
+        }
         if message.bytes != ExportInfo::ENCODED_LEN {
             return bad("the message is shorter than a shared-allocation description");
         }
-        let info = ExportInfo::from_bytes(&bytes)?;
+        let info =
+            ExportInfo::from_bytes(bytes.get(..ExportInfo::ENCODED_LEN).unwrap_or_default())?;
         let mut fds = fds.into_iter();
         match (fds.next(), fds.next()) {
             (Some(fd), None) => Ok(ExportedAllocation { fd, info }),
@@ -170,5 +177,62 @@ pub(super) fn os(what: &'static str, errno: Errno) -> Error {
     Error::Os {
         what,
         errno: errno.raw_os_error(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExportInfo, ExportedAllocation};
+    use crate::Error;
+    use core::mem::MaybeUninit;
+    use std::io::IoSlice;
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    /// Regression (found by `fuzz/fuzz_targets/receive.rs`): on a stream socket a message longer
+    /// than a description was cut to its first 40 bytes and accepted, the rest left in the socket.
+    #[test]
+    fn a_long_message_on_a_stream_socket_is_refused() {
+        let good = ExportInfo::new(2 << 20, 0, 2 << 20).unwrap().to_bytes();
+        let (pipe_read, pipe_write) = std::io::pipe().unwrap();
+        let fd = OwnedFd::from(pipe_write);
+        let before = open_fds();
+        for extra in [0usize, 1, 100] {
+            let (a, b) = UnixStream::pair().unwrap();
+            let mut message = good.to_vec();
+            message.extend(std::iter::repeat_n(0xa9u8, extra));
+            let fds = [fd.as_fd()];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+            rustix::net::sendmsg(
+                &a,
+                &[IoSlice::new(&message)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )
+            .unwrap();
+            drop(a);
+            let received = ExportedAllocation::receive(&b);
+            if extra == 0 {
+                assert_eq!(
+                    received.unwrap().info(),
+                    ExportInfo::from_bytes(&good).unwrap()
+                );
+            } else {
+                assert!(
+                    matches!(received, Err(Error::InvalidMessage { .. })),
+                    "{extra} bytes too many: {received:?}"
+                );
+            }
+        }
+        assert_eq!(open_fds(), before, "every received descriptor was closed");
+        drop((pipe_read, fd));
     }
 }

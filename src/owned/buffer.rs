@@ -30,7 +30,7 @@ mod views;
 
 pub use evict::{Evicted, NotRestored};
 pub use evict_ordered::EvictedInFlight;
-pub use exportable::PageOptions;
+pub use exportable::{ExportableBuffer, PageOptions};
 pub use scoped::{BufferRead, ScopedBuffer};
 
 /// What a range out of a buffer's bounds is out of, in errors.

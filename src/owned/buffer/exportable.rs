@@ -1,15 +1,18 @@
 //! Exportable buffers: every page of a [`VirtualBuffer`] made with the same allocation options
-//! ([`PageOptions`]: shareable handle kinds, the RDMA flag), exported whole as one
-//! [`ExportedBuffer`], and imported by another process as an owned buffer of its own.
+//! ([`PageOptions`]: shareable handle kinds, the RDMA flag); an [`ExportableBuffer`], whose pages are
+//! made exportable as POSIX file descriptors, exported whole as one [`ExportedBuffer`]; and imported
+//! by another process as an owned buffer of its own.
 
+use core::fmt;
+use core::ops::{Deref, DerefMut};
 use std::os::fd::AsFd;
 
-use super::{BUDGET, Memory, VirtualBuffer};
+use super::{BUDGET, Memory, Page, VirtualBuffer};
 use crate::device::Device;
 use crate::error::Error;
 use crate::ipc::{BufferInfo, BufferPiece, ExportedBuffer, check_importable, export_fd, import_fd};
 use crate::owned::pages::{Span, check_new_range, insertion_point};
-use crate::vmm::access::AccessMode;
+use crate::vmm::access::{AccessMode, ReadWrite};
 use crate::vmm::physical::{AllocationOptions, HandleKinds};
 
 /// What every page of a [`VirtualBuffer`] is created with, whatever its device: the kinds of
@@ -43,7 +46,7 @@ impl PageOptions {
         }
     }
 
-    /// Pages exportable as POSIX file descriptors, so that [`VirtualBuffer::export`] can share
+    /// Pages exportable as POSIX file descriptors, so that [`ExportableBuffer::export`] can share
     /// them with another process of the machine.
     ///
     /// # Examples
@@ -132,6 +135,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// when it is created. The budget must be a multiple of each device's granularity for these
     /// options.
     ///
+    /// A buffer to export is an [`ExportableBuffer`]: a `VirtualBuffer` has no `export`.
+    ///
     /// # Errors
     /// [`Error::Unsupported`] where a device's attribute for an option is 0; [`Error::Refused`]
     /// where the fabric probe fails; otherwise as [`new`](VirtualBuffer::new).
@@ -142,10 +147,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///
     /// # fn main() -> cuda_vmm::Result<()> {
     /// let device = Device::get(0)?;
-    /// let buffer = VirtualBuffer::with_options(1 << 30, &[device], ReadWrite, PageOptions::posix_fd())?;
-    /// buffer.grow(device, 2 << 20)?; // an exportable page
-    /// let exported = buffer.export()?;
-    /// assert_eq!(exported.info().pieces().len(), 1);
+    /// let options = PageOptions::new().with_rdma(true);
+    /// let buffer = VirtualBuffer::with_options(1 << 30, &[device], ReadWrite, options)?;
+    /// buffer.grow(device, 2 << 20)?; // a GPUDirect RDMA capable page
+    /// assert_eq!(buffer.page_options(), options);
     /// # Ok(())
     /// # }
     /// ```
@@ -170,75 +175,6 @@ impl<M: AccessMode> VirtualBuffer<M> {
         self.options
     }
 
-    /// `cuMemExportToShareableHandle` — export every page of the buffer as a POSIX file
-    /// descriptor, with one description of them all ([`BufferInfo`]: the budget and each page's
-    /// offset, size, device and granularity): an [`ExportedBuffer`], sent in one message with
-    /// [`ExportedBuffer::send`].
-    ///
-    /// Retired pages (about to be released) and evicted ranges (no memory) are left out: the
-    /// importer sees holes there. Each descriptor is a reference to its page's memory of its own:
-    /// the memory stays allocated while it is open, in any process, and while another process has
-    /// it imported, even after this buffer has unmapped and released the page.
-    ///
-    /// # Errors
-    /// Before any driver call: [`Error::PageRange`] naming a page not created exportable as a POSIX
-    /// file descriptor (a buffer made without [`PageOptions::posix_fd`], a
-    /// [`SharedPage`](crate::owned::SharedPage) whose memory was not created exportable, or a page
-    /// imported from another process, which is not exported again); [`Error::ZeroSize`] where no page
-    /// is left to export; [`Error::InvalidArgument`] for more than [`BufferInfo::MAX_PIECES`] pages
-    /// (the descriptors of one message). Then the driver's error; the descriptors made so far are
-    /// closed.
-    ///
-    /// # Examples
-    /// ```no_run
-    /// use cuda_vmm::{Device, ReadWrite, VirtualBuffer, owned::PageOptions};
-    ///
-    /// # fn main() -> cuda_vmm::Result<()> {
-    /// # let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
-    /// let device = Device::get(0)?;
-    /// let buffer = VirtualBuffer::with_options(1 << 30, &[device], ReadWrite, PageOptions::posix_fd())?;
-    /// for _ in 0..5 {
-    ///     buffer.grow(device, 2 << 20)?;
-    /// }
-    /// buffer.export()?.send(&socket)?; // five descriptors in one message
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[doc(alias = "cuMemExportToShareableHandle")]
-    pub fn export(&self) -> Result<ExportedBuffer, Error> {
-        let table = self.lock();
-        let pages: Vec<&super::Page> = table.pages.iter().filter(|p| !p.retired).collect();
-        let mut pieces = Vec::with_capacity(pages.len());
-        for page in &pages {
-            let memory = page.memory.allocation();
-            if !memory
-                .options()
-                .handle_kinds()
-                .contains(HandleKinds::POSIX_FD)
-            {
-                return Err(Error::PageRange {
-                    start: page.start(),
-                    end: page.end(),
-                    problem: "are a page that is not exportable as a POSIX file descriptor \
-                              (made without PageOptions::posix_fd(), or imported from another \
-                              process, which is not exported again)",
-                });
-            }
-            pieces.push(BufferPiece::new(
-                page.offset,
-                memory.size(),
-                page.device.ordinal(),
-                memory.granularity(),
-            )?);
-        }
-        let info = BufferInfo::new(self.budget, pieces)?;
-        let fds = pages
-            .iter()
-            .map(|page| export_fd(page.memory.allocation()))
-            .collect::<Result<Vec<_>, Error>>()?;
-        ExportedBuffer::from_parts(fds, info)
-    }
-
     /// `cuMemImportFromShareableHandle`, `cuMemMap`, `cuMemSetAccess` — a buffer of this process
     /// holding another process's exported buffer: a reservation of the exporter's budget (at an
     /// address of this process's own), every page imported and mapped at its offset, granted to
@@ -247,8 +183,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///
     /// The buffer owns its imported pages like any others (unmapped and released on drop, each an
     /// own reference to the memory, which the exporter's release does not end). Its new pages are
-    /// made exportable as POSIX file descriptors ([`PageOptions::posix_fd`]), like the imported
-    /// ones, so it can be exported on.
+    /// made with [`PageOptions::posix_fd`], the options of the imported ones (so the same
+    /// granularity). It is a plain `VirtualBuffer`, with no `export`: the driver does not export
+    /// imported memory again (`cuMemExportToShareableHandle` answers `CUDA_ERROR_INVALID_VALUE`).
     ///
     /// Before any import, every piece is checked against this process's driver: its device ordinal
     /// names a device here, whose granularity is the exporter's, and its offset and size fit the
@@ -347,5 +284,244 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ) -> Result<VirtualBuffer<M>, Error> {
         let exported = ExportedBuffer::receive(socket)?;
         VirtualBuffer::import(&exported, devices, mode)
+    }
+}
+
+/// A [`VirtualBuffer`] whose pages are all created exportable as POSIX file descriptors, and so the
+/// only buffer with [`export`](ExportableBuffer::export): a plain `VirtualBuffer` has none, so a
+/// buffer whose pages were made without a shareable handle kind is never exported (the driver would
+/// refuse each page: `cuMemExportToShareableHandle` of memory made without `requestedHandleTypes`).
+///
+/// It is the buffer itself: it dereferences to its [`VirtualBuffer`] for everything else (grow,
+/// views, scopes, evict and restore: restored pages are made exportable too), and
+/// [`into_inner`](ExportableBuffer::into_inner) gives the plain buffer back. Pages mapped into it
+/// from elsewhere ([`map_shared`](VirtualBuffer::map_shared) of a page whose memory was made
+/// otherwise, or imported from another process) are the types' blind spot: `export` refuses them at
+/// run time, before any driver call.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_vmm::{Device, ReadWrite, VirtualBuffer, owned::ExportableBuffer};
+///
+/// # fn main() -> cuda_vmm::Result<()> {
+/// # let (socket, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+/// let device = Device::get(0)?;
+/// let buffer = ExportableBuffer::new(1 << 30, &[device], ReadWrite)?;
+/// buffer.grow(device, 2 << 20)?; // a VirtualBuffer method, through Deref
+/// buffer.export()?.send(&socket)?;
+/// // In the other process:
+/// let imported = VirtualBuffer::receive(&peer, &[device], ReadWrite)?;
+/// assert_eq!(imported.mapped_bytes(), 2 << 20);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A plain buffer has no `export`:
+/// ```compile_fail,E0599
+/// # fn main() -> cuda_vmm::Result<()> {
+/// # let device = cuda_vmm::Device::get(0)?;
+/// let buffer = cuda_vmm::VirtualBuffer::new(1 << 30, &[device], cuda_vmm::ReadWrite)?;
+/// buffer.grow(device, 2 << 20)?;
+/// let exported = buffer.export()?; // its pages were not made exportable
+/// # Ok(())
+/// # }
+/// ```
+pub struct ExportableBuffer<M: AccessMode = ReadWrite>(VirtualBuffer<M>);
+
+impl<M: AccessMode> fmt::Debug for ExportableBuffer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ExportableBuffer").field(&self.0).finish()
+    }
+}
+
+impl<M: AccessMode> Deref for ExportableBuffer<M> {
+    type Target = VirtualBuffer<M>;
+    fn deref(&self) -> &VirtualBuffer<M> {
+        &self.0
+    }
+}
+
+impl<M: AccessMode> DerefMut for ExportableBuffer<M> {
+    fn deref_mut(&mut self) -> &mut VirtualBuffer<M> {
+        &mut self.0
+    }
+}
+
+impl<M: AccessMode> From<ExportableBuffer<M>> for VirtualBuffer<M> {
+    fn from(buffer: ExportableBuffer<M>) -> VirtualBuffer<M> {
+        buffer.0
+    }
+}
+
+impl<M: AccessMode> ExportableBuffer<M> {
+    /// `cuMemAddressReserve` — as [`VirtualBuffer::new`], for a buffer whose pages are all created
+    /// exportable as POSIX file descriptors ([`PageOptions::posix_fd`]), checked once against every
+    /// device of the access set as [`VirtualBuffer::with_options`] checks them.
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::with_options`]: [`Error::Unsupported`] where a device does not export
+    /// POSIX file descriptors, then as [`VirtualBuffer::new`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, owned::{ExportableBuffer, PageOptions}};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let buffer = ExportableBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// assert_eq!(buffer.page_options(), PageOptions::posix_fd());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemAddressReserve")]
+    pub fn new(budget: usize, devices: &[Device], mode: M) -> Result<ExportableBuffer<M>, Error> {
+        ExportableBuffer::with_options(budget, devices, mode, PageOptions::posix_fd())
+    }
+
+    /// `cuMemAddressReserve` — as [`VirtualBuffer::with_options`], for options that make every
+    /// page exportable as a POSIX file descriptor (and possibly more: fabric handles, the RDMA
+    /// flag).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] where `options`' handle kinds lack
+    /// [`HandleKinds::POSIX_FD`], before any driver call; then as
+    /// [`VirtualBuffer::with_options`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, owned::{ExportableBuffer, PageOptions}};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let options = PageOptions::posix_fd().with_rdma(true);
+    /// let buffer = ExportableBuffer::with_options(1 << 30, &[device], ReadWrite, options)?;
+    /// assert!(ExportableBuffer::with_options(1 << 30, &[device], ReadWrite, PageOptions::new()).is_err());
+    /// # drop(buffer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemAddressReserve")]
+    #[doc(alias = "requestedHandleTypes")]
+    pub fn with_options(
+        budget: usize,
+        devices: &[Device],
+        mode: M,
+        options: PageOptions,
+    ) -> Result<ExportableBuffer<M>, Error> {
+        if !options.handle_kinds().contains(HandleKinds::POSIX_FD) {
+            return Err(Error::InvalidArgument {
+                what: "page options of an exportable buffer without HandleKinds::POSIX_FD: its \
+                       pages could not be exported as POSIX file descriptors",
+            });
+        }
+        VirtualBuffer::with_options(budget, devices, mode, options).map(ExportableBuffer)
+    }
+
+    /// The plain buffer, which no longer exports.
+    #[must_use]
+    pub fn into_inner(self) -> VirtualBuffer<M> {
+        self.0
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree` — as [`VirtualBuffer::free`].
+    ///
+    /// # Errors
+    /// As [`VirtualBuffer::free`].
+    #[doc(alias = "cuMemAddressFree")]
+    pub fn free(self) -> Result<(), Error> {
+        self.0.free()
+    }
+
+    /// `cuMemExportToShareableHandle` — export every page of the buffer as a POSIX file
+    /// descriptor, with one description of them all ([`BufferInfo`]: the budget and each page's
+    /// offset, size, device and granularity): an [`ExportedBuffer`], sent in one message with
+    /// [`ExportedBuffer::send`].
+    ///
+    /// Retired pages (about to be released) and evicted ranges (no memory) are left out: the
+    /// importer sees holes there. Each descriptor is a reference to its page's memory of its own:
+    /// the memory stays allocated while it is open, in any process, and while another process has
+    /// it imported, even after this buffer has unmapped and released the page.
+    ///
+    /// # Errors
+    /// Before any driver call: [`Error::PageRange`] naming a page whose memory was not created
+    /// exportable as a POSIX file descriptor. Every page this buffer creates is, so such a page came
+    /// from elsewhere: a [`SharedPage`](crate::owned::SharedPage) mapped with
+    /// [`map_shared`](VirtualBuffer::map_shared) whose memory was made without a POSIX-fd handle
+    /// kind, or that was imported from another process (the driver does not export imported memory
+    /// again: `CUDA_ERROR_INVALID_VALUE`), or a page of a buffer put in place with `DerefMut` (a
+    /// `mem::swap`). [`Error::ZeroSize`] where no page is left to export;
+    /// [`Error::InvalidArgument`] for more than [`BufferInfo::MAX_PIECES`] pages (the descriptors of
+    /// one message). Then the driver's error; the descriptors made so far are closed.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, owned::ExportableBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// # let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    /// let device = Device::get(0)?;
+    /// let buffer = ExportableBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// for _ in 0..5 {
+    ///     buffer.grow(device, 2 << 20)?;
+    /// }
+    /// buffer.export()?.send(&socket)?; // five descriptors in one message
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemExportToShareableHandle")]
+    pub fn export(&self) -> Result<ExportedBuffer, Error> {
+        let table = self.0.lock();
+        let pages: Vec<&Page> = table.pages.iter().filter(|p| !p.retired).collect();
+        let mut pieces = Vec::with_capacity(pages.len());
+        for page in &pages {
+            let memory = page.memory.allocation();
+            if !memory
+                .options()
+                .handle_kinds()
+                .contains(HandleKinds::POSIX_FD)
+            {
+                return Err(Error::PageRange {
+                    start: page.start(),
+                    end: page.end(),
+                    problem: "are a page that is not exportable as a POSIX file descriptor \
+                              (a shared page made without a POSIX-fd handle kind, or imported \
+                              from another process, which is not exported again)",
+                });
+            }
+            pieces.push(BufferPiece::new(
+                page.offset,
+                memory.size(),
+                page.device.ordinal(),
+                memory.granularity(),
+            )?);
+        }
+        let info = BufferInfo::new(self.0.budget, pieces)?;
+        let fds = pages
+            .iter()
+            .map(|page| export_fd(page.memory.allocation()))
+            .collect::<Result<Vec<_>, Error>>()?;
+        ExportedBuffer::from_parts(fds, info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExportableBuffer, PageOptions};
+    use crate::vmm::HandleKinds;
+    use crate::{Error, ReadWrite};
+
+    #[test]
+    fn an_exportable_buffer_needs_posix_fd_pages_before_any_driver_call() {
+        // No device is named: the options are refused before the access set is looked at.
+        for options in [
+            PageOptions::new(),
+            PageOptions::new().with_rdma(true),
+            PageOptions::new().with_handle_kinds(HandleKinds::FABRIC),
+        ] {
+            assert!(matches!(
+                ExportableBuffer::with_options(2 << 20, &[], ReadWrite, options),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
     }
 }
