@@ -282,16 +282,30 @@ impl<'mem, T: Pod> DeviceSlice<'mem, T> {
     #[doc(alias = "cuMemcpyDtoH")]
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<(), Error> {
         check_len(self.len, dst.len())?;
+        // SAFETY: `dst` is writable for its `len` values, borrowed exclusively for the call.
+        unsafe { self.copy_to_host_raw(dst.as_mut_ptr()) }
+    }
+
+    /// `cuMemcpyDtoH` of the whole view to `dst`, a raw pointer: as
+    /// [`copy_to_host`](DeviceSlice::copy_to_host), for host memory that no reference may cover yet
+    /// (an unfilled pinned buffer). Returns when the copy has finished.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `self.len()` values of `T`, and nothing else may read or
+    /// write them until this returns.
+    pub(crate) unsafe fn copy_to_host_raw(&self, dst: *mut T) -> Result<(), Error> {
         if self.len == 0 {
             return Ok(());
         }
-        let (ptr, bytes) = (dst.as_mut_ptr().cast::<c_void>(), size_of_val(dst));
+        let bytes = size_of::<T>().saturating_mul(self.len);
+        let ptr = dst.cast::<c_void>();
         // A copy to host memory returns once it has finished; a failed one may still have been
         // queued, and is then waited for before `dst` is given back (see `wait::synchronous`).
         wait::synchronous(self.context.as_raw(), Returns::WhenDone, || {
-            // SAFETY: `dst` is writable for `bytes` bytes and any bytes are a valid `T` (`Pod`); the
-            // source range is device memory reachable from the current context (the view's
-            // invariant; `synchronous` binds it).
+            // SAFETY: `dst` is writable for `bytes` bytes (the caller's contract; a view's length
+            // times `size_of::<T>()` fits `usize`, as its device range does) and any bytes are a
+            // valid `T` (`Pod`); the source range is device memory reachable from the current
+            // context (the view's invariant; `synchronous` binds it).
             unsafe { sys::cuMemcpyDtoH_v2(ptr, self.ptr, bytes) }
         })
     }

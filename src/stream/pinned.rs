@@ -98,6 +98,30 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(buffer)
     }
 
+    /// `cuMemHostAlloc` — `len` values of `T` in page-locked host memory that nothing here writes:
+    /// for memory the driver's copies fill whole before anything reads it (an eviction's bytes),
+    /// where zeroing first would cost more than the copies (a memset of 1 GiB against a copy at the
+    /// host link's speed). Write it only through [`as_raw_mut_ptr`](PinnedBuffer::as_raw_mut_ptr).
+    ///
+    /// # Safety
+    /// No reference to the values (`Deref`, `DerefMut`, [`as_slice`](PinnedBuffer::as_slice), ...)
+    /// may be made, and nothing may read them, before every value has been written: by copies of
+    /// the driver that have completed, or by the host through the raw pointer. A buffer dropped
+    /// before that is merely freed.
+    ///
+    /// # Errors
+    /// As [`zeroed`](PinnedBuffer::zeroed).
+    pub(crate) unsafe fn unfilled(context: &Context, len: usize) -> Result<PinnedBuffer<T>, Error> {
+        PinnedBuffer::alloc(context, len)
+    }
+
+    /// The start of the values, as a raw pointer made from the allocation itself (no reference to
+    /// the values is made): for the driver's copies into an [`unfilled`](PinnedBuffer::unfilled)
+    /// buffer.
+    pub(crate) fn as_raw_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
     /// Pins `len` values of `T`, uninitialised: the constructors fill them before handing the buffer
     /// out.
     fn alloc(context: &Context, len: usize) -> Result<PinnedBuffer<T>, Error> {

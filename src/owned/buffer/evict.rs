@@ -375,16 +375,18 @@ impl VirtualBuffer<ReadWrite> {
                 what: "evicted bytes",
             })
         })?;
-        let mut bytes = PinnedBuffer::<u8>::zeroed(self.first_context()?, total)?;
+        // SAFETY: `total` bytes, the pieces' sizes added up: the loop below writes every one of them
+        // (the pieces one after another, each copy finished when it returns) before `bytes` is
+        // handed out; where a copy fails, `bytes` is dropped unread.
+        let mut bytes = unsafe { PinnedBuffer::<u8>::unfilled(self.first_context()?, total)? };
+        let host = bytes.as_raw_mut_ptr();
         let mut at = 0usize;
         for piece in &pieces {
-            let to = at.saturating_add(piece.size);
-            let host = bytes.get_mut(at..to).ok_or(Error::Overflow {
-                what: "evicted bytes",
-            })?;
-            self.slice_bytes::<u8>(piece.offset..piece.end())?
-                .copy_to_host(host)?;
-            at = to;
+            let view = self.slice_bytes::<u8>(piece.offset..piece.end())?;
+            // SAFETY: `[at, at + size)` lies inside the `total` bytes of `bytes` (the sizes add up
+            // to `total`), which nothing else reads or writes meanwhile (`bytes` is local).
+            unsafe { view.copy_to_host_raw(host.wrapping_add(at))? };
+            at = at.saturating_add(piece.size);
         }
         let (evicted, refused) = self.unmap_evicted(&pieces);
         let evicted = Evicted {

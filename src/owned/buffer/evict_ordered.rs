@@ -281,7 +281,10 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
                     what: "evicted bytes",
                 })
             })?;
-            let host = PinnedBuffer::<u8>::zeroed(on.context(), total)?;
+            // SAFETY: the queued copies write all `total` bytes (the pieces one after another)
+            // before the handle gives them to the host (only once `done`, recorded after the
+            // copies, has completed without error); otherwise `host` is dropped unread.
+            let host = unsafe { PinnedBuffer::<u8>::unfilled(on.context(), total)? };
             let done = Event::new(on.context())?;
             let mut guard = buffer.lock();
             let table = &mut *guard;
@@ -297,7 +300,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
         // Every lend admitted before the marking has queued its work once this returns: the copies
         // below come after every write queued on `on` so far.
         let drained = buffer.wait_for_lends(old);
-        let host_ptr = host.as_mut_ptr();
+        let host_ptr = host.as_raw_mut_ptr();
         let queued = drained
             .and_then(|()| queue_downloads(buffer, on, &pieces, host_ptr, &done))
             .and_then(|()| {
