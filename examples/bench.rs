@@ -270,6 +270,12 @@ fn run() -> BenchResult<()> {
         shareable_rows(ctx, g, &mut rows, &mut not_run)?;
         return report(&device.name()?, devices.len(), &rows, &not_run);
     }
+    #[cfg(feature = "nccl")]
+    if std::env::args().nth(1).as_deref() == Some("nccl") {
+        let mut not_run = Vec::new();
+        nccl_rows(ctx, &mut rows, &mut not_run)?;
+        return report(&device.name()?, devices.len(), &rows, &not_run);
+    }
 
     for (label, size, reps) in [("2 MiB", 2usize << 20, 2000), ("1 GiB", 1usize << 30, 300)] {
         let (safe, raw_t, paired) = race_paired(
