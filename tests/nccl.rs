@@ -3,9 +3,12 @@
 //! window registration with their refusals, registrations dropped before and after the buffer's
 //! other users, 10 000 register/deregister rounds that leak nothing, a window over a
 //! `VirtualBuffer` range, a scope past its timeout aborting its communicator (which then refuses
-//! every call), and two ranks (one process driving two GPUs, two processes meeting through a
-//! unique id passed over a pipe, and a peer that never joins an all-reduce). Every test
-//! skips visibly without a GPU, with too few GPUs, or where NCCL cannot be loaded.
+//! every call), non-blocking communicators (a single rank all-reducing, registering, grouping and
+//! tearing down to the byte of free memory, a creation whose peer never joins ending at its
+//! timeout, two ranks in one thread and in two), and two ranks (one process driving two GPUs, two
+//! processes meeting through a unique id passed over a pipe, and a peer that never joins an
+//! all-reduce). Every test skips visibly without a GPU, with too few GPUs, or where NCCL cannot be
+//! loaded.
 //!
 //! No test harness (`harness = false` in Cargo.toml): `main` sets `NCCL_NVLS_ENABLE=0` before any
 //! thread starts and before NCCL reads its environment (`NVLink` SHARP would create multicast
@@ -23,9 +26,10 @@ use std::error::Error as StdError;
 use std::io::Write as _;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{devices_or_skip, pattern, skip};
-use cuda_vmm::interop::nccl::{self, Comm, ReduceOp, UniqueId, group};
+use cuda_vmm::interop::nccl::{self, Comm, CommOptions, ReduceOp, UniqueId, group};
 use cuda_vmm::owned::{GrantedMapping, PageOptions, SharedReservation};
 use cuda_vmm::vmm::{AllocationOptions, HandleKinds};
 use cuda_vmm::{
@@ -507,6 +511,229 @@ fn a_scope_past_its_timeout_aborts_the_communicator() -> TestResult {
     Ok(())
 }
 
+/// Non-blocking, with a generous timeout that must not fire.
+fn non_blocking() -> CommOptions {
+    CommOptions::new()
+        .with_blocking(false)
+        .with_timeout(Some(Duration::from_mins(1)))
+}
+
+fn non_blocking_single_rank_all_reduces_registers_and_tears_down() -> TestResult {
+    let test = "non_blocking_single_rank_all_reduces_registers_and_tears_down";
+    let Some(mut gpus) = gpus_and_nccl_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let (device, stream) = gpus.remove(0);
+    let context = Context::new(device)?;
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    buffer.grow(device, page)?;
+    // One communicator made and dropped first: NCCL sets up its process-wide state once.
+    drop(Comm::from_devices_with(
+        &[Arc::clone(&stream)],
+        non_blocking(),
+    )?);
+    let (before, _) = context.memory_info()?;
+    {
+        let comm = Comm::from_devices_with(&[Arc::clone(&stream)], non_blocking())?.remove(0);
+        assert!(!comm.is_blocking(), "{test}: made non-blocking");
+        assert_eq!((comm.rank(), comm.size()), (0, 1));
+        let n = page / 4;
+        let input = floats(n, 13);
+        // Not registered, out of place.
+        {
+            let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+            let (mut send, mut recv) = view.split_at_mut(n)?;
+            send.copy_from_host(&input)?;
+            recv.copy_from_host(&vec![0.0; n])?;
+            comm.scope(|s| -> Result<(), Error> {
+                let send = s.lend(&send)?;
+                let mut recv = s.lend_mut(&mut recv)?;
+                s.all_reduce(&send, &mut recv, ReduceOp::Sum)
+            })?;
+            assert_eq!(recv.to_vec()?, input, "{test}: not registered");
+        }
+        // Registered, out of place and then in place inside a group (settled at its end).
+        let mut registration = comm.register(&mut buffer, ..2 * page)?;
+        {
+            let view = registration.slice_bytes_mut::<f32>(..2 * page)?;
+            let (send, mut recv) = view.split_at_mut(n)?;
+            recv.copy_from_host(&vec![-1.0; n])?;
+            comm.scope(|s| -> Result<(), Error> {
+                let send = s.lend(&send)?;
+                let mut recv = s.lend_mut(&mut recv)?;
+                s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+                group(|| s.all_reduce_in_place(&mut recv, ReduceOp::Max))
+            })?;
+            assert_eq!(recv.to_vec()?, input, "{test}: registered, then in a group");
+        }
+        registration.deregister()?;
+        let stats = comm.registration_stats();
+        assert_eq!((stats.registered, stats.deregistered), (1, 1));
+        // One group takes one kind of communicator: a blocking one's collective first, then the
+        // non-blocking one's is refused before NCCL sees it.
+        let blocking = Comm::from_devices(&[Arc::clone(&stream)])?.remove(0);
+        assert!(blocking.is_blocking());
+        let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+        let (mut first, mut second) = view.split_at_mut(n)?;
+        first.copy_from_host(&input)?;
+        let mixed = blocking.scope(|b| {
+            comm.scope(|s| -> Result<(), Error> {
+                let mut first = b.lend_mut(&mut first)?;
+                let mut second = s.lend_mut(&mut second)?;
+                group(|| {
+                    b.all_reduce_in_place(&mut first, ReduceOp::Sum)?;
+                    s.all_reduce_in_place(&mut second, ReduceOp::Sum)
+                })
+            })
+        });
+        assert!(
+            matches!(mixed, Err(Error::NcclRefused { why, .. }) if why.contains("non-blocking")),
+            "{test}: a group of both kinds: {mixed:?}"
+        );
+        assert_eq!(
+            first.to_vec()?,
+            input,
+            "{test}: the blocking all-reduce ran"
+        );
+        assert!(!comm.is_aborted(), "{test}: the communicator was aborted");
+        // A single-rank communicator made by rank, non-blocking too.
+        let by_rank = Comm::from_rank_with(&stream, 0, 1, &UniqueId::new()?, non_blocking())?;
+        assert!(!by_rank.is_blocking());
+        drop(by_rank);
+        drop(blocking);
+        drop(comm); // ncclCommFinalize, polled, then ncclCommDestroy
+    }
+    let (after, _) = context.memory_info()?;
+    assert_eq!(
+        after, before,
+        "{test}: device free memory after the communicators were torn down"
+    );
+    // The buffer is the program's again.
+    buffer.shrink()?;
+    assert_eq!(buffer.mapped_bytes(), page);
+    Ok(())
+}
+
+fn a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout() -> TestResult {
+    let test = "a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout";
+    let Some(mut gpus) = gpus_and_nccl_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let (_, stream) = gpus.remove(0);
+    // Rank 0 of 2; rank 1 never comes. A blocking creation would wait for ever.
+    let options = CommOptions::new()
+        .with_blocking(false)
+        .with_timeout(Some(Duration::from_secs(2)));
+    let started = Instant::now();
+    let made = Comm::from_rank_with(&stream, 0, 2, &UniqueId::new()?, options).map(drop);
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            made,
+            Err(Error::Nccl {
+                call: "ncclCommInitRankConfig",
+                code: 8
+            })
+        ),
+        "{test}: {made:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_mins(1),
+        "{test}: returned after {took:?}"
+    );
+    // Refused before NCCL: a rank outside the clique.
+    let outside = Comm::from_rank_with(&stream, 2, 2, &UniqueId::new()?, options).map(drop);
+    assert!(
+        matches!(outside, Err(Error::OutOfBounds { .. })),
+        "{test}: {outside:?}"
+    );
+    Ok(())
+}
+
+fn two_gpus_non_blocking_in_one_process() -> TestResult {
+    let test = "two_gpus_non_blocking_in_one_process";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let streams: Vec<_> = gpus.iter().map(|(_, s)| Arc::clone(s)).collect();
+    let comms = Comm::from_devices_with(&streams, non_blocking())?;
+    assert!(comms.iter().all(|c| !c.is_blocking()));
+    let mut buffers = Vec::new();
+    for (rank, (device, _)) in gpus.iter().enumerate() {
+        let page = page(*device);
+        let mut buffer = VirtualBuffer::new(1 << 30, &[*device], ReadWrite)?;
+        buffer.grow(*device, page)?;
+        buffer
+            .slice_bytes_mut::<f32>(..page)?
+            .copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
+        buffers.push(buffer);
+    }
+    let [b0, b1] = &mut buffers[..] else {
+        unreachable!("two buffers")
+    };
+    let (mut r0, mut r1) = (comms[0].register(b0, ..)?, comms[1].register(b1, ..)?);
+    let mut v0 = r0.slice_bytes_mut::<f32>(..)?;
+    let mut v1 = r1.slice_bytes_mut::<f32>(..)?;
+    comms[0].scope(|s0| {
+        comms[1].scope(|s1| -> Result<(), Error> {
+            let (mut l0, mut l1) = (s0.lend_mut(&mut v0)?, s1.lend_mut(&mut v1)?);
+            // The group's end returns ncclInProgress; both communicators are polled.
+            group(|| {
+                s0.all_reduce_in_place(&mut l0, ReduceOp::Sum)?;
+                s1.all_reduce_in_place(&mut l1, ReduceOp::Sum)
+            })
+        })
+    })?;
+    assert!(v0.to_vec()?.iter().all(|&x| x == 3.0), "{test}: rank 0");
+    assert!(v1.to_vec()?.iter().all(|&x| x == 3.0), "{test}: rank 1");
+    Ok(())
+}
+
+/// One non-blocking rank of two in its own thread: all-reduces `rank + 1` in registered memory
+/// and checks the sum, then tears its communicator down.
+fn one_non_blocking_rank_of_two(
+    stream: &Arc<CudaStream>,
+    device: Device,
+    rank: usize,
+    id: &UniqueId,
+) -> TestResult {
+    let comm = Comm::from_rank_with(stream, rank, 2, id, non_blocking())?;
+    let page = page(device);
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, page)?;
+    let mut registration = comm.register(&mut buffer, ..)?;
+    let mut view = registration.slice_bytes_mut::<f32>(..)?;
+    view.copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
+    comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+    })?;
+    assert!(
+        view.to_vec()?.iter().all(|&x| x == 3.0),
+        "rank {rank}: the sum of both ranks"
+    );
+    drop(registration);
+    drop(comm); // finalized with the other rank, then destroyed
+    Ok(())
+}
+
+fn two_non_blocking_ranks_in_two_threads() -> TestResult {
+    let test = "two_non_blocking_ranks_in_two_threads";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let id = UniqueId::new()?;
+    let (device1, stream1) = gpus[1].clone();
+    let peer = std::thread::spawn(move || {
+        one_non_blocking_rank_of_two(&stream1, device1, 1, &id).map_err(|e| e.to_string())
+    });
+    let (device0, stream0) = &gpus[0];
+    let mine = one_non_blocking_rank_of_two(stream0, *device0, 0, &id);
+    peer.join().map_err(|_| "rank 1 panicked")??;
+    mine
+}
+
 fn a_peer_that_never_joins_ends_in_an_error() -> TestResult {
     let test = "a_peer_that_never_joins_ends_in_an_error";
     let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
@@ -661,7 +888,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 12] = [
+    let tests: [Test; 16] = [
         ("nccl_loads_or_says_why", nccl_loads_or_says_why),
         (
             "single_rank_all_reduce_registered_and_not",
@@ -689,6 +916,22 @@ fn main() -> ExitCode {
         (
             "a_peer_that_never_joins_ends_in_an_error",
             a_peer_that_never_joins_ends_in_an_error,
+        ),
+        (
+            "non_blocking_single_rank_all_reduces_registers_and_tears_down",
+            non_blocking_single_rank_all_reduces_registers_and_tears_down,
+        ),
+        (
+            "a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout",
+            a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout,
+        ),
+        (
+            "two_gpus_non_blocking_in_one_process",
+            two_gpus_non_blocking_in_one_process,
+        ),
+        (
+            "two_non_blocking_ranks_in_two_threads",
+            two_non_blocking_ranks_in_two_threads,
         ),
         ("two_gpus_in_one_process", two_gpus_in_one_process),
         (

@@ -297,7 +297,9 @@ assert_impl_all!(cuda_vmm::stream::NotRebound: Send, Sync, std::error::Error);
 // id is 128 plain bytes, sent to other processes and threads.
 #[cfg(feature = "nccl")]
 mod nccl_interop {
-    use cuda_vmm::interop::nccl::{Comm, CommScope, ReduceOp, Registration, UniqueId, Window};
+    use cuda_vmm::interop::nccl::{
+        Comm, CommOptions, CommScope, ReduceOp, Registration, UniqueId, Window,
+    };
     use static_assertions::{assert_eq_size, assert_impl_all, assert_not_impl_any};
 
     assert_not_impl_any!(Comm: Send, Sync, Clone);
@@ -307,4 +309,7 @@ mod nccl_interop {
     assert_impl_all!(UniqueId: Send, Sync, Copy, Eq, core::hash::Hash);
     assert_eq_size!(UniqueId, [u8; 128]);
     assert_impl_all!(ReduceOp: Send, Sync, Copy, Eq);
+    // A communicator's options are plain values, built once and passed to every rank's thread.
+    assert_impl_all!(CommOptions: Send, Sync, Copy, Eq, Default, core::hash::Hash);
+    assert_eq_size!(CommOptions, (bool, Option<core::time::Duration>));
 }

@@ -81,8 +81,6 @@
 //! - **Groups begun elsewhere.** A group begun outside [`group`] (cudarc's safe `group_start`, or
 //!   raw NCCL) defers this module's collectives to its `ncclGroupEnd`, which may come after the
 //!   scope's wait: do not call this module's collectives or scopes inside such a group.
-//! - **Non-blocking communicators** (`ncclCommInitRankConfig` with `blocking = 0`): the config
-//!   struct grows with every NCCL release. The communicators here are blocking.
 //! - **Windows over pages of another origin.** A window over a [`VirtualBuffer`] is checked against
 //!   its [`page_options`](VirtualBuffer::page_options), which every page it creates has. A page
 //!   mapped from a [`SharedPage`](crate::owned::SharedPage) or imported from another process may
@@ -102,6 +100,16 @@
 //! kernels did not exit, that wait does not return either. An aborted communicator refuses every
 //! later call with [`Error::NcclRefused`] ([`Comm::is_aborted`]); its registrations and windows are
 //! dropped without a deregister (NCCL freed them).
+//!
+//! # Non-blocking communicators
+//! [`Comm::from_devices_with`] and [`Comm::from_rank_with`] take [`CommOptions`]
+//! (`ncclCommInitRankConfig`); `CommOptions::new().with_blocking(false)` makes a non-blocking
+//! communicator, whose NCCL calls return `ncclInProgress` while NCCL's own thread does the work.
+//! Every call of this module settles it before returning (it polls `ncclCommGetAsyncError`), so
+//! the rules above hold unchanged. The timeout then bounds NCCL's host side too: a creation whose
+//! peers never join, a first collective waiting for a peer's connection, a group's end, the
+//! teardown (`ncclCommFinalize`, then `ncclCommDestroy`) end in an error and an aborted
+//! communicator instead of a hang. See [`CommOptions`].
 
 use core::cell::{Cell, RefCell};
 use core::ffi::c_int;
@@ -125,10 +133,12 @@ use crate::{sys, wait};
 
 mod api;
 mod id;
+mod nonblocking;
 mod register;
 mod scope;
 
 pub use id::UniqueId;
+pub use nonblocking::CommOptions;
 pub use register::{Registration, RegistrationStats, Window, WindowMemory, WindowPieces};
 use scope::in_group;
 pub use scope::{CommScope, group};
@@ -222,6 +232,12 @@ pub(crate) struct Core {
     deregistered: Cell<u64>,
     /// Set by `ncclCommAbort`: the handle is freed, and every later use is refused.
     aborted: Cell<bool>,
+    /// `ncclConfig_t::blocking`: a non-blocking communicator's calls are settled by
+    /// [`Core::finish`].
+    blocking: bool,
+    /// How long a scope's end waits for the stream, and a non-blocking operation for NCCL, before
+    /// the communicator is aborted ([`Comm::set_timeout`]).
+    timeout: Cell<Option<Duration>>,
 }
 
 impl Core {
@@ -252,13 +268,17 @@ impl Core {
         }
         let api = api::api("ncclCommAbort")?;
         let abort = api::function(api.comm_abort, "ncclCommAbort")?;
-        self.bind()?;
+        // Called even where the context cannot be made current: the abort is what stops NCCL's
+        // thread of a pending non-blocking operation, and NCCL sets the communicator's device
+        // itself where it frees it.
+        let bound = self.bind();
         // Marked first: whatever the call returns, the handle is not used again (NCCL frees the
         // communicator also where it reports an error on the way).
         self.aborted.set(true);
         // SAFETY: a communicator that NCCL made, aborted once (checked above); the registrations
         // and windows that hold it never pass its handle to NCCL again (`live`, `aborted`).
         let code = unsafe { abort(self.raw) };
+        bound?;
         api::check(code, "ncclCommAbort")
     }
 }
@@ -271,6 +291,12 @@ impl Drop for Core {
     fn drop(&mut self) {
         // An aborted communicator was freed by `ncclCommAbort`.
         if self.aborted.get() {
+            return;
+        }
+        // A non-blocking communicator is finalized first and polled until NCCL has done so; then
+        // its `ncclCommDestroy` does not block. A finalize that fails or passes the timeout aborts
+        // it instead (`ncclCommAbort` frees it): there is nothing left to destroy.
+        if !self.blocking && self.finalize().is_err() {
             return;
         }
         // Every scope of the communicator has waited for its work, and every registration and
@@ -290,7 +316,8 @@ impl Drop for Core {
 /// An NCCL communicator: one rank of a clique, with the stream its collectives run on.
 ///
 /// Neither `Send` nor `Sync` (see the [module documentation](self)). Dropping it destroys the
-/// communicator (`ncclCommDestroy`) once its windows are gone too.
+/// communicator (`ncclCommDestroy`, after `ncclCommFinalize` for a
+/// [non-blocking](CommOptions#non-blocking-communicators) one) once its windows are gone too.
 pub struct Comm {
     core: Rc<Core>,
     stream: Arc<CudaStream>,
@@ -299,8 +326,6 @@ pub struct Comm {
     size: usize,
     /// Recorded on the stream at the end of each scope, and polled beside the asynchronous error.
     finished: Event,
-    /// How long a scope's end waits for the stream before it aborts the communicator.
-    timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Comm {
@@ -309,6 +334,7 @@ impl fmt::Debug for Comm {
             .field("rank", &self.rank)
             .field("size", &self.size)
             .field("device", &self.device)
+            .field("blocking", &self.core.blocking)
             .finish_non_exhaustive()
     }
 }
@@ -324,29 +350,7 @@ impl Comm {
     /// [`Error::NcclUnavailable`] where NCCL cannot be loaded; [`Error::Nccl`] for its refusal.
     #[doc(alias = "ncclCommInitAll")]
     pub fn from_devices(streams: &[Arc<CudaStream>]) -> Result<Vec<Comm>, Error> {
-        if streams.is_empty() {
-            return Err(Error::ZeroSize {
-                what: "list of streams",
-            });
-        }
-        let mut ordinals = Vec::with_capacity(streams.len());
-        for stream in streams {
-            let ordinal = c_int::try_from(stream.context().ordinal()).map_err(|_| {
-                Error::InvalidArgument {
-                    what: "device ordinal",
-                }
-            })?;
-            if ordinals.contains(&ordinal) {
-                return Err(Error::InvalidArgument {
-                    what: "list of streams with two streams of one device (NCCL takes one rank \
-                           per GPU)",
-                });
-            }
-            ordinals.push(ordinal);
-        }
-        let count = c_int::try_from(streams.len()).map_err(|_| Error::InvalidArgument {
-            what: "number of ranks",
-        })?;
+        let (ordinals, count) = nonblocking::clique(streams)?;
         let api = api::api("ncclCommInitAll")?;
         let init = api::function(api.comm_init_all, "ncclCommInitAll")?;
         let mut raw: Vec<RawComm> = vec![ptr::null_mut(); streams.len()];
@@ -378,20 +382,7 @@ impl Comm {
         size: usize,
         id: &UniqueId,
     ) -> Result<Comm, Error> {
-        if rank >= size {
-            return Err(Error::OutOfBounds {
-                what: "clique",
-                start: rank,
-                end: rank.saturating_add(1),
-                len: size,
-            });
-        }
-        let (c_rank, c_size) = c_int::try_from(rank)
-            .ok()
-            .zip(c_int::try_from(size).ok())
-            .ok_or(Error::InvalidArgument {
-                what: "rank or clique size",
-            })?;
+        let (c_rank, c_size) = nonblocking::rank_and_size(rank, size)?;
         let api = api::api("ncclCommInitRank")?;
         let init = api::function(api.comm_init_rank, "ncclCommInitRank")?;
         let context: sys::CUcontext = stream.context().cu_ctx().cast();
@@ -405,21 +396,24 @@ impl Comm {
         Comm::own(raw, stream, rank, size)
     }
 
-    /// Takes ownership of `raw`, a communicator NCCL has just made.
+    /// Takes ownership of `raw`, a blocking communicator NCCL has just made.
     fn own(
         raw: RawComm,
         stream: &Arc<CudaStream>,
         rank: usize,
         size: usize,
     ) -> Result<Comm, Error> {
-        let core = Rc::new(Core {
-            raw,
-            context: Arc::clone(stream.context()),
-            windows: RefCell::new(Vec::new()),
-            registered: Cell::new(0),
-            deregistered: Cell::new(0),
-            aborted: Cell::new(false),
-        });
+        let core = Core::own(raw, stream.context(), CommOptions::new());
+        Comm::with_core(core, stream, rank, size)
+    }
+
+    /// The communicator of `core`, rank `rank` of `size`, on `stream`.
+    fn with_core(
+        core: Rc<Core>,
+        stream: &Arc<CudaStream>,
+        rank: usize,
+        size: usize,
+    ) -> Result<Comm, Error> {
         let device = Device::get(stream.context().ordinal())?;
         let finished = Event::new(&Context::new(device)?)?;
         Ok(Comm {
@@ -429,7 +423,6 @@ impl Comm {
             rank,
             size,
             finished,
-            timeout: None,
         })
     }
 
@@ -507,15 +500,17 @@ impl Comm {
     /// How long the end of a [`scope`](Comm::scope) waits for the communicator's stream before it
     /// aborts the communicator; `None` (the default) waits for as long as the work runs. NCCL
     /// reports no error for a peer rank that never joins a collective: its kernels wait for it.
-    /// A timeout turns that wait into an error. Set it well above the longest step.
+    /// A timeout turns that wait into an error. Set it well above the longest step. On a
+    /// [non-blocking](CommOptions#non-blocking-communicators) communicator it also bounds each wait
+    /// for NCCL's own thread (a collective's launch, a group's end, the teardown).
     pub fn set_timeout(&mut self, timeout: Option<Duration>) {
-        self.timeout = timeout;
+        self.core.timeout.set(timeout);
     }
 
     /// The timeout of [`set_timeout`](Comm::set_timeout).
     #[must_use]
     pub fn timeout(&self) -> Option<Duration> {
-        self.timeout
+        self.core.timeout.get()
     }
 
     /// Whether the communicator was aborted: by [`scope`](Comm::scope) after an asynchronous error
@@ -580,7 +575,7 @@ impl Comm {
                 Err(_) => return Ok(()),
             };
             let failed = failed.or_else(|| {
-                self.timeout
+                self.timeout()
                     .filter(|&t| since.elapsed() >= t)
                     .map(|_| Error::Nccl {
                         call: "Comm::scope's wait (past the communicator's timeout, so it \
@@ -676,7 +671,8 @@ const SPIN: Duration = Duration::from_millis(20);
 /// The pause between two polls after [`SPIN`]: a peer that hangs costs no core.
 const PAUSE: Duration = Duration::from_micros(100);
 
-/// `ncclTimeout` (NCCL 2.29), the code of a scope whose wait passed its timeout.
+/// `ncclTimeout` (NCCL 2.29), the code of a scope whose wait passed its timeout, and of a
+/// non-blocking operation polled past it.
 const TIMEOUT: c_int = 8;
 
 #[cfg(test)]

@@ -39,12 +39,68 @@ static_assertions::assert_eq_align!(RawId, u8);
 /// communicator is under way; not an error.
 pub(crate) const IN_PROGRESS: c_int = 7;
 
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field left to NCCL's default.
+pub(crate) const CONFIG_UNDEF_INT: c_int = c_int::MIN;
+
+/// `NCCL_API_MAGIC`, which `NCCL_CONFIG_INITIALIZER` puts in `magic`.
+pub(crate) const CONFIG_MAGIC: u32 = 0xcafe_beef;
+
+/// `NCCL_VERSION(2, 14, 0)`: the release whose `ncclConfig_t` [`RawConfig`] mirrors.
+pub(crate) const CONFIG_VERSION: u32 = 21_400;
+
+/// `ncclConfig_t` as NCCL 2.14 declared it (`ncclConfig_v21400`: `size`, `magic`, `version`,
+/// `blocking`), the first release with `ncclCommInitRankConfig`, and a prefix of every later
+/// release's config, which grows at its end with each release (2.28 has 23 fields after
+/// `blocking`).
+///
+/// Why a newer NCCL accepts it: `ncclCommInitRankConfig` starts from a config filled by its own
+/// `NCCL_CONFIG_INITIALIZER` (every field undefined), copies only the caller's first `size` bytes
+/// over it, refuses a `magic` other than `0xcafebeef`, and resets to its defaults every field that
+/// the caller's `version` predates (below 2.17: `cgaClusterSize`, `minCTAs`, `maxCTAs`, `netName`;
+/// read in `parseCommConfig` of NCCL 2.28's `init.cc`). So with `size` 24 and `version` 21400,
+/// NCCL 2.28 reads `blocking` from offset 16 and takes its defaults for everything else. The C
+/// struct's 4 bytes of tail padding (offset 20, `cgaClusterSize` in later layouts) are the field
+/// `undefined`, set to `NCCL_CONFIG_UNDEF_INT` so that even a copy that kept them would read "not
+/// set".
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawConfig {
+    pub(crate) size: usize,
+    pub(crate) magic: u32,
+    pub(crate) version: u32,
+    pub(crate) blocking: c_int,
+    pub(crate) undefined: c_int,
+}
+
+impl RawConfig {
+    /// `NCCL_CONFIG_INITIALIZER` of NCCL 2.14 with `blocking` set (1 blocking, 0 non-blocking).
+    pub(crate) const fn new(blocking: bool) -> RawConfig {
+        RawConfig {
+            size: size_of::<RawConfig>(),
+            magic: CONFIG_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: if blocking { 1 } else { 0 },
+            undefined: CONFIG_UNDEF_INT,
+        }
+    }
+}
+
+static_assertions::assert_eq_size!(RawConfig, [u64; 3]);
+static_assertions::assert_eq_align!(RawConfig, u64);
+static_assertions::const_assert_eq!(core::mem::offset_of!(RawConfig, magic), 8);
+static_assertions::const_assert_eq!(core::mem::offset_of!(RawConfig, version), 12);
+static_assertions::const_assert_eq!(core::mem::offset_of!(RawConfig, blocking), 16);
+static_assertions::const_assert_eq!(core::mem::offset_of!(RawConfig, undefined), 20);
+
 /// `NCCL_WIN_COLL_SYMMETRIC`: a window that symmetric collective kernels may use.
 pub(crate) const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueId = unsafe extern "C" fn(*mut RawId) -> c_int;
 type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, RawId, c_int) -> c_int;
+type CommInitRankConfig =
+    unsafe extern "C" fn(*mut RawComm, c_int, RawId, c_int, *mut RawConfig) -> c_int;
+type CommFinalize = unsafe extern "C" fn(RawComm) -> c_int;
 type CommInitAll = unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> c_int;
 type CommDestroy = unsafe extern "C" fn(RawComm) -> c_int;
 type CommAbort = unsafe extern "C" fn(RawComm) -> c_int;
@@ -84,7 +140,9 @@ pub(crate) struct Api {
     pub(crate) version: c_int,
     pub(crate) get_unique_id: Option<GetUniqueId>,
     pub(crate) comm_init_rank: Option<CommInitRank>,
+    pub(crate) comm_init_rank_config: Option<CommInitRankConfig>,
     pub(crate) comm_init_all: Option<CommInitAll>,
+    pub(crate) comm_finalize: Option<CommFinalize>,
     pub(crate) comm_destroy: Option<CommDestroy>,
     pub(crate) comm_abort: Option<CommAbort>,
     pub(crate) comm_get_async_error: Option<CommGetAsyncError>,
@@ -121,7 +179,8 @@ pub(crate) fn function<F: Copy>(f: Option<F>, call: &'static str) -> Result<F, E
     f.ok_or(Error::NcclUnavailable {
         call,
         why: "the loaded NCCL library has no such function (it is older than the NCCL release \
-              that added it: windows need NCCL 2.27, local registration 2.19)",
+              that added it: windows need NCCL 2.27, local registration 2.19, non-blocking communicators \
+              2.14)",
     })
 }
 
@@ -155,7 +214,9 @@ fn open() -> Result<Api, &'static str> {
         version,
         get_unique_id: symbol(&library, b"ncclGetUniqueId\0"),
         comm_init_rank: symbol(&library, b"ncclCommInitRank\0"),
+        comm_init_rank_config: symbol(&library, b"ncclCommInitRankConfig\0"),
         comm_init_all: symbol(&library, b"ncclCommInitAll\0"),
+        comm_finalize: symbol(&library, b"ncclCommFinalize\0"),
         comm_destroy: symbol(&library, b"ncclCommDestroy\0"),
         comm_abort: symbol(&library, b"ncclCommAbort\0"),
         comm_get_async_error: symbol(&library, b"ncclCommGetAsyncError\0"),
@@ -176,7 +237,8 @@ fn open() -> Result<Api, &'static str> {
 /// The function `name` (NUL-terminated) with the type `F` this module declares for it.
 fn symbol<F: Copy>(library: &libloading::Library, name: &[u8]) -> Option<F> {
     // SAFETY: every `F` this module asks for is the C signature of `name` in `nccl.h` (NCCL
-    // 2.19 to 2.28), with `c_int` for `ncclResult_t` and the int-sized enums; the pointer is
+    // 2.19 to 2.28), with `c_int` for `ncclResult_t` and the int-sized enums, and `RawConfig` for
+    // `ncclConfig_t *` (a prefix NCCL reads by its `size` and `version`, see `RawConfig`); the pointer is
     // copied out of the `Symbol` and used only while the library stays open (for the process).
     unsafe { library.get::<F>(name).ok().map(|s| *s) }
 }

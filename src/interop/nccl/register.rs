@@ -123,7 +123,9 @@ impl Comm {
         let mut handle: *mut c_void = ptr::null_mut();
         // SAFETY: the bytes `[ptr, ptr + len)` are mapped and granted to the communicator's device
         // (checked), and stay so while the registration lives: it borrows the buffer exclusively and
-        // lends on no operation that unmaps or regrants; `handle` is writable for the call.
+        // lends on no operation that unmaps or regrants; `handle` is writable for the call, and
+        // NCCL writes it before returning (`ncclCommRegister` launches nothing in its own thread,
+        // also on a non-blocking communicator).
         let code = unsafe {
             register(
                 self.core.raw,
@@ -132,7 +134,7 @@ impl Comm {
                 &raw mut handle,
             )
         };
-        api::check(code, "ncclCommRegister")?;
+        self.core.finish(code, "ncclCommRegister")?;
         self.core
             .registered
             .set(self.core.registered.get().saturating_add(1));
@@ -185,7 +187,7 @@ impl<M: AccessMode> Registration<'_, '_, M> {
         // SAFETY: the handle `ncclCommRegister` gave for this communicator, deregistered once. No work
         // uses the bytes: views of them borrow `self`, and the scopes they were lent to have waited.
         let code = unsafe { deregister(shared.raw, handle) };
-        api::check(code, "ncclCommDeregister")?;
+        shared.finish(code, "ncclCommDeregister")?;
         shared
             .deregistered
             .set(shared.deregistered.get().saturating_add(1));
@@ -477,20 +479,29 @@ impl Comm {
         let register = api::function(api.window_register, CALL)?;
         api::function(api.window_deregister, "ncclCommWindowDeregister")?;
         self.core.live(CALL)?;
-        let mut raw: RawWindow = ptr::null_mut();
+        // On the heap: a non-blocking communicator writes the window from NCCL's thread, once the
+        // registration is done (at the end of the group NCCL opens inside the call).
+        let slot: *mut RawWindow = Box::into_raw(Box::new(ptr::null_mut()));
         // SAFETY: `[start, end)` is mapped, granted to the communicator's device and exportable
-        // (checked), and stays so while the window lives: it borrows the memory exclusively. `raw`
-        // is writable for the call; no group is open, so NCCL fills it in before returning.
+        // (checked), and stays so while the window lives: it borrows the memory exclusively. `slot`
+        // is writable until it is freed below, which happens only once NCCL has finished (a
+        // blocking call has returned, a non-blocking one has been settled).
         let code = unsafe {
             register(
                 self.core.raw,
                 addresses.0 as *mut c_void,
                 end - start,
-                &raw mut raw,
+                slot,
                 WIN_COLL_SYMMETRIC,
             )
         };
-        api::check(code, CALL)?;
+        // On an error `slot` is not freed: where NCCL refused at once it wrote nothing, and where
+        // polling failed the abort stopped NCCL's thread; but a failed abort may leave it running,
+        // so the 8 bytes are left to it on this error path.
+        self.core.finish(code, CALL)?;
+        // SAFETY: `slot` came from `Box::into_raw` above and is freed once, here; NCCL has
+        // finished writing it (the call returned success, or was settled).
+        let raw = *unsafe { Box::from_raw(slot) };
         if raw.is_null() {
             return Err(Error::NcclRefused {
                 call: CALL,
@@ -583,7 +594,7 @@ impl<W: WindowMemory> Window<'_, W> {
         // `self.core`), deregistered once; no work uses it: views of it borrow `self`, and the
         // scopes they were lent to have waited.
         let code = unsafe { deregister(self.core.raw, raw) };
-        api::check(code, "ncclCommWindowDeregister")
+        self.core.finish(code, "ncclCommWindowDeregister")
     }
 }
 

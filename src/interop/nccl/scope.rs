@@ -1,16 +1,17 @@
 //! [`CommScope`] and its collectives, and [`group`]: the work NCCL queues on a communicator's stream,
 //! on views lent to a scope that waits for it.
 
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use core::ffi::c_int;
 use core::fmt;
 use core::marker::PhantomData;
+use std::rc::Rc;
 
 use ::cudarc::driver::{DevicePtr, DeviceSlice as CudarcSlice};
 use bytemuck::Pod;
 
-use super::api::{self, RawStream};
-use super::{Comm, NcclType, ReduceOp, Source};
+use super::api::{self, IN_PROGRESS, RawStream};
+use super::{Comm, Core, NcclType, ReduceOp, Source};
 use crate::error::Error;
 use crate::interop::cudarc::{Lent, LentMut, Scope as CudarcScope};
 use crate::stream::{ScopedRead, ScopedWrite};
@@ -125,6 +126,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let api = api::api("ncclAllReduce")?;
         let f = api::function(api.all_reduce, "ncclAllReduce")?;
         self.comm.core.live("ncclAllReduce")?;
+        join_group(&self.comm.core, "ncclAllReduce")?;
         // SAFETY: `src` and `dst` are the addresses of views lent to this scope for its stream, each
         // `count` elements of `T` (or of a never-mapped range as large), mapped until the scope has
         // waited for the stream the work is queued on; the data type is `T`'s.
@@ -139,7 +141,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
                 self.raw_stream(),
             )
         };
-        api::check(code, "ncclAllReduce")
+        self.comm.core.finish(code, "ncclAllReduce")
     }
 
     /// `ncclBroadcast` — `send` of rank `root` copied into `recv` of every rank. Only the root's
@@ -198,6 +200,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let api = api::api("ncclBroadcast")?;
         let f = api::function(api.broadcast, "ncclBroadcast")?;
         self.comm.core.live("ncclBroadcast")?;
+        join_group(&self.comm.core, "ncclBroadcast")?;
         // SAFETY: as in `all_reduce_raw`: lent addresses of `count` elements each.
         let code = unsafe {
             f(
@@ -210,7 +213,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
                 self.raw_stream(),
             )
         };
-        api::check(code, "ncclBroadcast")
+        self.comm.core.finish(code, "ncclBroadcast")
     }
 
     /// `ncclAllGather` — `send` of every rank, in rank order, into `recv` of every rank: `recv` is
@@ -230,6 +233,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let api = api::api("ncclAllGather")?;
         let f = api::function(api.all_gather, "ncclAllGather")?;
         self.comm.core.live("ncclAllGather")?;
+        join_group(&self.comm.core, "ncclAllGather")?;
         // SAFETY: as in `all_reduce_raw`; `recv` holds `size` times `send.len()` elements (checked).
         let code = unsafe {
             f(
@@ -241,7 +245,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
                 self.raw_stream(),
             )
         };
-        api::check(code, "ncclAllGather")
+        self.comm.core.finish(code, "ncclAllGather")
     }
 
     /// `ncclReduceScatter` — `send` of every rank reduced with `op`, and block `r` of the result
@@ -262,6 +266,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         let api = api::api("ncclReduceScatter")?;
         let f = api::function(api.reduce_scatter, "ncclReduceScatter")?;
         self.comm.core.live("ncclReduceScatter")?;
+        join_group(&self.comm.core, "ncclReduceScatter")?;
         // SAFETY: as in `all_reduce_raw`; `send` holds `size` times `recv.len()` elements (checked).
         let code = unsafe {
             f(
@@ -274,7 +279,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
                 self.raw_stream(),
             )
         };
-        api::check(code, "ncclReduceScatter")
+        self.comm.core.finish(code, "ncclReduceScatter")
     }
 
     fn root(&self, root: usize) -> Result<c_int, Error> {
@@ -308,10 +313,45 @@ fn same_len(expected: usize, found: usize) -> Result<(), Error> {
 thread_local! {
     /// How deeply this thread is inside [`group`] calls.
     static GROUP_DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// The communicators whose collectives the outermost [`group`] of this thread holds, settled
+    /// at its end where they are non-blocking.
+    static GROUP_COMMS: RefCell<Vec<Rc<Core>>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(super) fn in_group() -> bool {
     GROUP_DEPTH.with(Cell::get) > 0
+}
+
+/// Why a collective is refused in a group of communicators of the other kind.
+const MIXED: &str = "the NCCL group holds collectives of a blocking communicator and of a \
+                     non-blocking one, which NCCL refuses in one group";
+
+/// Whether a collective of a communicator that blocks or not (`blocking`) may join a group whose
+/// communicators so far are `joined` (their `blocking`, or `None` for none yet).
+pub(super) fn may_join(joined: Option<bool>, blocking: bool) -> bool {
+    joined.is_none_or(|j| j == blocking)
+}
+
+/// Before a collective of `core`: inside a [`group`], records the communicator for the group's
+/// end, and refuses a communicator that blocks where the group's others do not, or the reverse.
+fn join_group(core: &Rc<Core>, call: &'static str) -> Result<(), Error> {
+    if !in_group() {
+        return Ok(());
+    }
+    GROUP_COMMS.with(|comms| {
+        let mut comms = comms.try_borrow_mut().map_err(|_| Error::NcclRefused {
+            call,
+            why: "the group's list of communicators is in use (a collective queued from inside \
+                  another's bookkeeping)",
+        })?;
+        if !may_join(comms.first().map(|c| c.blocking), core.blocking) {
+            return Err(Error::NcclRefused { call, why: MIXED });
+        }
+        if !comms.iter().any(|c| Rc::ptr_eq(c, core)) {
+            comms.push(Rc::clone(core));
+        }
+        Ok(())
+    })
 }
 
 /// `ncclGroupStart`, `f`, `ncclGroupEnd` — the collectives `f` queues (on any communicators of this
@@ -321,9 +361,16 @@ pub(super) fn in_group() -> bool {
 /// The group ends when `f` returns, and when it unwinds: inside every scope that encloses this
 /// call, so each scope's wait comes after the launch. A scope opened inside `f` is refused.
 ///
+/// Where the group holds collectives of [non-blocking](super::CommOptions) communicators, its end
+/// polls each of them until NCCL has launched its work (`ncclCommGetAsyncError`), so that every
+/// enclosing scope's wait comes after the launch. One group takes communicators of one kind only:
+/// a collective of a blocking communicator in a group of non-blocking ones, or the reverse, is
+/// refused ([`Error::NcclRefused`]), as NCCL would refuse the group.
+///
 /// # Errors
 /// `f`'s error, else [`Error::Nccl`] from `ncclGroupEnd` (which reports the group's collectives'
-/// errors); [`Error::NcclUnavailable`] where NCCL cannot be loaded (`f` does not run then).
+/// errors), or from polling a non-blocking communicator (which is then aborted);
+/// [`Error::NcclUnavailable`] where NCCL cannot be loaded (`f` does not run then).
 ///
 /// # Panics
 /// Resumes a panic of `f`, after ending the group.
@@ -356,10 +403,37 @@ struct Ender {
 
 impl Ender {
     fn finish(&mut self) -> Result<(), Error> {
+        const CALL: &str = "ncclGroupEnd";
         self.armed = false;
-        GROUP_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        let depth = GROUP_DEPTH.with(|d| {
+            let depth = d.get().saturating_sub(1);
+            d.set(depth);
+            depth
+        });
         // SAFETY: ends the group that `group` began on this thread (groups nest per thread).
-        api::check(unsafe { (self.end)() }, "ncclGroupEnd")
+        let code = unsafe { (self.end)() };
+        if depth > 0 {
+            // An inner group: NCCL launches nothing before the outermost one ends.
+            return api::check(code, CALL);
+        }
+        let comms = GROUP_COMMS.with(|c| {
+            c.try_borrow_mut()
+                .map(|mut c| core::mem::take(&mut *c))
+                .unwrap_or_default()
+        });
+        if !(code == 0 || code == IN_PROGRESS) {
+            return Err(Error::Nccl { call: CALL, code });
+        }
+        // A non-blocking group returns `ncclInProgress` and launches in NCCL's thread: each of its
+        // communicators is polled until the launch is done (an error aborts that communicator).
+        let mut settled = Ok(());
+        for core in comms.iter().filter(|c| !c.blocking) {
+            let polled = core.settle(CALL);
+            if settled.is_ok() {
+                settled = polled;
+            }
+        }
+        settled
     }
 }
 
@@ -376,6 +450,16 @@ impl Drop for Ender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_takes_communicators_of_one_kind() {
+        assert!(may_join(None, true));
+        assert!(may_join(None, false));
+        assert!(may_join(Some(false), false));
+        assert!(may_join(Some(true), true));
+        assert!(!may_join(Some(true), false));
+        assert!(!may_join(Some(false), true));
+    }
 
     #[test]
     fn lengths_are_checked() {
