@@ -529,90 +529,102 @@ fn non_blocking_single_rank_all_reduces_registers_and_tears_down() -> TestResult
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
     buffer.grow(device, page)?;
-    // One communicator made and dropped first: NCCL sets up its process-wide state once.
-    drop(Comm::from_devices_with(
-        &[Arc::clone(&stream)],
-        non_blocking(),
-    )?);
+    // One round first: NCCL sets up its process-wide state (for non-blocking communicators, their
+    // registration cache and collectives too) once.
+    non_blocking_round(test, &stream, &mut buffer, page)?;
     let (before, _) = context.memory_info()?;
-    {
-        let comm = Comm::from_devices_with(&[Arc::clone(&stream)], non_blocking())?.remove(0);
-        assert!(!comm.is_blocking(), "{test}: made non-blocking");
-        assert_eq!((comm.rank(), comm.size()), (0, 1));
-        let n = page / 4;
-        let input = floats(n, 13);
-        // Not registered, out of place.
-        {
-            let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
-            let (mut send, mut recv) = view.split_at_mut(n)?;
-            send.copy_from_host(&input)?;
-            recv.copy_from_host(&vec![0.0; n])?;
-            comm.scope(|s| -> Result<(), Error> {
-                let send = s.lend(&send)?;
-                let mut recv = s.lend_mut(&mut recv)?;
-                s.all_reduce(&send, &mut recv, ReduceOp::Sum)
-            })?;
-            assert_eq!(recv.to_vec()?, input, "{test}: not registered");
-        }
-        // Registered, out of place and then in place inside a group (settled at its end).
-        let mut registration = comm.register(&mut buffer, ..2 * page)?;
-        {
-            let view = registration.slice_bytes_mut::<f32>(..2 * page)?;
-            let (send, mut recv) = view.split_at_mut(n)?;
-            recv.copy_from_host(&vec![-1.0; n])?;
-            comm.scope(|s| -> Result<(), Error> {
-                let send = s.lend(&send)?;
-                let mut recv = s.lend_mut(&mut recv)?;
-                s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
-                group(|| s.all_reduce_in_place(&mut recv, ReduceOp::Max))
-            })?;
-            assert_eq!(recv.to_vec()?, input, "{test}: registered, then in a group");
-        }
-        registration.deregister()?;
-        let stats = comm.registration_stats();
-        assert_eq!((stats.registered, stats.deregistered), (1, 1));
-        // One group takes one kind of communicator: a blocking one's collective first, then the
-        // non-blocking one's is refused before NCCL sees it.
-        let blocking = Comm::from_devices(&[Arc::clone(&stream)])?.remove(0);
-        assert!(blocking.is_blocking());
-        let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
-        let (mut first, mut second) = view.split_at_mut(n)?;
-        first.copy_from_host(&input)?;
-        let mixed = blocking.scope(|b| {
-            comm.scope(|s| -> Result<(), Error> {
-                let mut first = b.lend_mut(&mut first)?;
-                let mut second = s.lend_mut(&mut second)?;
-                group(|| {
-                    b.all_reduce_in_place(&mut first, ReduceOp::Sum)?;
-                    s.all_reduce_in_place(&mut second, ReduceOp::Sum)
-                })
-            })
-        });
-        assert!(
-            matches!(mixed, Err(Error::NcclRefused { why, .. }) if why.contains("non-blocking")),
-            "{test}: a group of both kinds: {mixed:?}"
-        );
-        assert_eq!(
-            first.to_vec()?,
-            input,
-            "{test}: the blocking all-reduce ran"
-        );
-        assert!(!comm.is_aborted(), "{test}: the communicator was aborted");
-        // A single-rank communicator made by rank, non-blocking too.
-        let by_rank = Comm::from_rank_with(&stream, 0, 1, &UniqueId::new()?, non_blocking())?;
-        assert!(!by_rank.is_blocking());
-        drop(by_rank);
-        drop(blocking);
-        drop(comm); // ncclCommFinalize, polled, then ncclCommDestroy
+    for _ in 0..3 {
+        non_blocking_round(test, &stream, &mut buffer, page)?;
     }
     let (after, _) = context.memory_info()?;
     assert_eq!(
         after, before,
-        "{test}: device free memory after the communicators were torn down"
+        "{test}: device free memory after three rounds of communicators made and torn down"
     );
     // The buffer is the program's again.
     buffer.shrink()?;
     assert_eq!(buffer.mapped_bytes(), page);
+    Ok(())
+}
+
+/// One round of [`non_blocking_single_rank_all_reduces_registers_and_tears_down`]: a non-blocking
+/// single-rank communicator all-reduces `buffer`'s first two pages, registered and not, is refused
+/// in a group with a blocking one, and is torn down with them (`ncclCommFinalize`, polled, then
+/// `ncclCommDestroy`).
+fn non_blocking_round(
+    test: &str,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    buffer: &mut VirtualBuffer,
+    page: usize,
+) -> TestResult {
+    let comm = Comm::from_devices_with(&[Arc::clone(stream)], non_blocking())?.remove(0);
+    assert!(!comm.is_blocking(), "{test}: made non-blocking");
+    assert_eq!((comm.rank(), comm.size()), (0, 1));
+    let n = page / 4;
+    let input = floats(n, 13);
+    // Not registered, out of place.
+    {
+        let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+        let (mut send, mut recv) = view.split_at_mut(n)?;
+        send.copy_from_host(&input)?;
+        recv.copy_from_host(&vec![0.0; n])?;
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            s.all_reduce(&send, &mut recv, ReduceOp::Sum)
+        })?;
+        assert_eq!(recv.to_vec()?, input, "{test}: not registered");
+    }
+    // Registered, out of place and then in place inside a group (settled at its end).
+    let mut registration = comm.register(buffer, ..2 * page)?;
+    {
+        let view = registration.slice_bytes_mut::<f32>(..2 * page)?;
+        let (send, mut recv) = view.split_at_mut(n)?;
+        recv.copy_from_host(&vec![-1.0; n])?;
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            group(|| s.all_reduce_in_place(&mut recv, ReduceOp::Max))
+        })?;
+        assert_eq!(recv.to_vec()?, input, "{test}: registered, then in a group");
+    }
+    registration.deregister()?;
+    let stats = comm.registration_stats();
+    assert_eq!((stats.registered, stats.deregistered), (1, 1));
+    // One group takes one kind of communicator: a blocking one's collective first, then the
+    // non-blocking one's is refused before NCCL sees it.
+    let blocking = Comm::from_devices(&[Arc::clone(stream)])?.remove(0);
+    assert!(blocking.is_blocking());
+    let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+    let (mut first, mut second) = view.split_at_mut(n)?;
+    first.copy_from_host(&input)?;
+    let mixed = blocking.scope(|b| {
+        comm.scope(|s| -> Result<(), Error> {
+            let mut first = b.lend_mut(&mut first)?;
+            let mut second = s.lend_mut(&mut second)?;
+            group(|| {
+                b.all_reduce_in_place(&mut first, ReduceOp::Sum)?;
+                s.all_reduce_in_place(&mut second, ReduceOp::Sum)
+            })
+        })
+    });
+    assert!(
+        matches!(mixed, Err(Error::NcclRefused { why, .. }) if why.contains("non-blocking")),
+        "{test}: a group of both kinds: {mixed:?}"
+    );
+    assert_eq!(
+        first.to_vec()?,
+        input,
+        "{test}: the blocking all-reduce ran"
+    );
+    assert!(!comm.is_aborted(), "{test}: the communicator was aborted");
+    // A single-rank communicator made by rank, non-blocking too.
+    let by_rank = Comm::from_rank_with(stream, 0, 1, &UniqueId::new()?, non_blocking())?;
+    assert!(!by_rank.is_blocking());
+    drop(by_rank);
+    drop(blocking);
+    drop(comm); // ncclCommFinalize, polled, then ncclCommDestroy
     Ok(())
 }
 
