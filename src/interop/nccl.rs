@@ -90,9 +90,9 @@
 //! # Asynchronous errors, hangs and aborts
 //! NCCL reports a failed peer or network asynchronously (`ncclCommGetAsyncError`), and reports
 //! nothing for a peer rank that never joins a collective: its kernels wait for it. So the end of
-//! [`Comm::scope`] does not block blindly: it records an event on the stream and polls it together
-//! with the asynchronous error (yielding its thread for the first 20 ms, then sleeping 100 µs
-//! between polls). On an asynchronous error, or once the communicator's
+//! [`Comm::scope`] does not block blindly: it polls the stream (`cuStreamQuery`) until it is idle,
+//! and the asynchronous error every 100 µs meanwhile (spinning for the first millisecond, then
+//! yielding its thread until 20 ms, then sleeping 100 µs between polls). On an asynchronous error, or once the communicator's
 //! [timeout](Comm::set_timeout) has passed, it aborts the communicator (`ncclCommAbort`, which
 //! makes its kernels exit), and then still waits for the stream through the crate's one wait
 //! ([`crate::scope`]'s, which aborts the process where it cannot prove the work finished) before
@@ -126,9 +126,8 @@ use bytemuck::Pod;
 use super::cudarc::{Lent, LentMut};
 #[cfg(doc)]
 use crate::VirtualBuffer;
-use crate::device::{Context, Device};
+use crate::device::Device;
 use crate::error::{Error, check as check_driver};
-use crate::stream::Event;
 use crate::{sys, wait};
 
 mod api;
@@ -324,8 +323,6 @@ pub struct Comm {
     device: Device,
     rank: usize,
     size: usize,
-    /// Recorded on the stream at the end of each scope, and polled beside the asynchronous error.
-    finished: Event,
 }
 
 impl fmt::Debug for Comm {
@@ -415,14 +412,12 @@ impl Comm {
         size: usize,
     ) -> Result<Comm, Error> {
         let device = Device::get(stream.context().ordinal())?;
-        let finished = Event::new(&Context::new(device)?)?;
         Ok(Comm {
             core,
             stream: Arc::clone(stream),
             device,
             rank,
             size,
-            finished,
         })
     }
 
@@ -541,55 +536,70 @@ impl Comm {
         self.core.abort()
     }
 
-    /// The end of a scope, before its wait: until the work queued on the stream so far has
-    /// finished (an event recorded now), polls `ncclCommGetAsyncError` too. On an asynchronous
-    /// error, or once the [timeout](Comm::set_timeout) has passed, aborts the communicator (its
-    /// kernels exit) and returns the error. This proves nothing finished: the scope's one wait
-    /// ([`cudarc::scope`](super::cudarc::scope)'s) always follows. Where polling cannot be done
-    /// (the event refused, as on a stream that captures), it returns `Ok` and leaves everything to
-    /// that wait.
+    /// The end of a scope, before its wait: until the stream is idle (`cuStreamQuery`), polls
+    /// `ncclCommGetAsyncError` too, every [`CHECK_EVERY`]. On an asynchronous error, or once the
+    /// [timeout](Comm::set_timeout) has passed, aborts the communicator (its kernels exit) and
+    /// returns the error. This proves nothing finished: the scope's one wait
+    /// ([`cudarc::scope`](super::cudarc::scope)'s) always follows. Where polling cannot be done (a
+    /// stream that captures, a query refused), it returns `Ok` and leaves everything to that wait.
+    ///
+    /// It spins for [`SPIN_HARD`], then yields its thread between polls until [`SPIN`], then sleeps
+    /// [`PAUSE`] between polls: a step's collectives are seen finished within a poll (a query of
+    /// the stream, tens of nanoseconds to a microsecond), as by the driver's own spinning wait, and
+    /// a peer that hangs costs no core.
     fn watch(&self) -> Result<(), Error> {
         if self.core.aborted.get() || self.core.bind().is_err() {
             return Ok(());
         }
-        // SAFETY: an event and a stream of the same, current context (bound above), both alive
-        // for the call.
-        let recorded =
-            unsafe { sys::cuEventRecord(self.finished.as_raw(), self.stream.cu_stream().cast()) };
-        if check_driver(recorded).is_err() {
+        let stream: sys::CUstream = self.stream.cu_stream().cast();
+        let mut capturing: core::ffi::c_uint = 0;
+        // SAFETY: a live stream of the current context (bound above); `capturing` is writable.
+        let status = unsafe { sys::cuStreamIsCapturing(stream, &raw mut capturing) };
+        if check_driver(status).is_err() || capturing != sys::CU_STREAM_CAPTURE_STATUS_NONE {
+            // A query would be refused by the capture (and could invalidate it): the wait decides.
             return Ok(());
         }
         let since = Instant::now();
+        let mut next_check = Duration::ZERO;
         loop {
-            match self.finished.is_complete() {
-                Ok(false) => {}
-                Ok(true) | Err(_) => return Ok(()),
+            // SAFETY: a live stream of the current context (bound above); a query only reads its
+            // state.
+            match check_driver(unsafe { sys::cuStreamQuery(stream) }) {
+                Err(e) if e == crate::DriverError::NOT_READY => {}
+                // Idle; or refused or failed, which the wait that follows decides.
+                Ok(()) | Err(_) => return Ok(()),
             }
-            let failed = match self.async_code() {
-                Ok(0 | api::IN_PROGRESS) => None,
-                Ok(code) => Some(Error::Nccl {
-                    call: "ncclCommGetAsyncError",
-                    code,
-                }),
-                // Unavailable: nothing to poll; the wait follows.
-                Err(_) => return Ok(()),
-            };
-            let failed = failed.or_else(|| {
-                self.timeout()
-                    .filter(|&t| since.elapsed() >= t)
-                    .map(|_| Error::Nccl {
-                        call: "Comm::scope's wait (past the communicator's timeout, so it \
-                               aborted the communicator)",
-                        code: TIMEOUT,
-                    })
-            });
-            if let Some(error) = failed {
-                // An abort that fails leaves the kernels as they are: the scope's wait then waits
-                // for them, and returns only once they have finished.
-                let _ = self.core.abort();
-                return Err(error);
+            let elapsed = since.elapsed();
+            if elapsed >= next_check {
+                next_check = elapsed.saturating_add(CHECK_EVERY);
+                let failed = match self.async_code() {
+                    Ok(0 | api::IN_PROGRESS) => None,
+                    Ok(code) => Some(Error::Nccl {
+                        call: "ncclCommGetAsyncError",
+                        code,
+                    }),
+                    // Unavailable: nothing to poll; the wait follows.
+                    Err(_) => return Ok(()),
+                };
+                let failed = failed.or_else(|| {
+                    self.timeout()
+                        .filter(|&t| elapsed >= t)
+                        .map(|_| Error::Nccl {
+                            call: "Comm::scope's wait (past the communicator's timeout, so it \
+                                   aborted the communicator)",
+                            code: TIMEOUT,
+                        })
+                });
+                if let Some(error) = failed {
+                    // An abort that fails leaves the kernels as they are: the scope's wait then
+                    // waits for them, and returns only once they have finished.
+                    let _ = self.core.abort();
+                    return Err(error);
+                }
             }
-            if since.elapsed() < SPIN {
+            if elapsed < SPIN_HARD {
+                core::hint::spin_loop();
+            } else if elapsed < SPIN {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(PAUSE);
@@ -664,9 +674,18 @@ impl Comm {
     }
 }
 
+/// How long a scope's end polls its stream in a tight loop, before it yields its thread between
+/// polls: a collective of tens of megabytes ends within it.
+const SPIN_HARD: Duration = Duration::from_millis(1);
+
 /// How long a scope's end polls without sleeping (yielding its thread between polls, as the
 /// driver's own waits spin): the steps of a training loop end within it.
 const SPIN: Duration = Duration::from_millis(20);
+
+/// How often a scope's end asks NCCL for an asynchronous error (and checks its timeout) while it
+/// polls the stream: often enough that a failed peer is seen at once, rarely enough that the
+/// polls of the stream find finished work without delay.
+const CHECK_EVERY: Duration = Duration::from_micros(100);
 
 /// The pause between two polls after [`SPIN`]: a peer that hangs costs no core.
 const PAUSE: Duration = Duration::from_micros(100);
