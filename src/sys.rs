@@ -321,6 +321,7 @@ unsafe extern "C" {
     pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
     pub(crate) fn cuEventSynchronize(event: CUevent) -> CUresult;
     pub(crate) fn cuEventQuery(event: CUevent) -> CUresult;
+    #[cfg(feature = "nccl")]
     pub(crate) fn cuStreamQuery(stream: CUstream) -> CUresult;
     pub(crate) fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
 

@@ -443,6 +443,86 @@ fn ten_thousand_evict_restore_rounds_leak_nothing() {
     assert_eq!(settled_free(&ctx, free_before), free_before, "leak");
 }
 
+/// Evictions into pinned memory the caller keeps: a buffer too short is refused before any driver
+/// call (nothing changes, the page stays mapped); a longer one takes the bytes at its start; the
+/// restore gives back the same pinned memory, which the next eviction takes again; free memory
+/// rises by the evicted page each time and is back to the byte at the end.
+#[test]
+fn evictions_into_kept_pinned_memory() {
+    const TEST: &str = "evictions_into_kept_pinned_memory";
+    if child_role().is_some() {
+        return;
+    }
+    let _serial = serial();
+    let Some((device, ctx)) = common::gpu_or_skip(TEST) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    warm_up(device, g);
+    let (free_before, _) = ctx.memory_info().unwrap();
+    {
+        let mut buffer = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+        buffer.grow(device, 2 * g).unwrap();
+        let data = pattern(2 * g, 31);
+        buffer
+            .slice_bytes_mut::<u32>(..2 * g)
+            .unwrap()
+            .copy_from_host(&data)
+            .unwrap();
+        let (free_mapped, _) = ctx.memory_info().unwrap();
+        // Too short: refused, nothing evicted.
+        let short = cuda_vmm::PinnedBuffer::<u8>::zeroed(&ctx, g).unwrap();
+        let refused = buffer.evict_into(.., short).unwrap_err();
+        assert!(
+            matches!(refused, Error::LengthMismatch { expected, found } if expected == 2 * g && found == g),
+            "{refused:?}"
+        );
+        assert_eq!(buffer.evicted_bytes(), 0);
+        assert_eq!(ctx.memory_info().unwrap().0, free_mapped);
+        // Longer: the bytes at its start, the rest as it was.
+        let mut host = cuda_vmm::PinnedBuffer::<u8>::zeroed(&ctx, 3 * g).unwrap();
+        host[2 * g..].fill(0xa5);
+        let at = host.as_ptr();
+        for round in 0..20u32 {
+            let evicted = buffer.evict_into(.., host).unwrap();
+            assert_eq!(evicted.len(), 2 * g);
+            assert_eq!(evicted.host_capacity(), 3 * g);
+            assert_eq!(evicted.host_bytes().len(), 2 * g);
+            let words: Vec<u32> = evicted
+                .host_bytes()
+                .chunks_exact(4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            assert_eq!(words, data, "round {round}: the evicted bytes");
+            assert_eq!(
+                ctx.memory_info().unwrap().0,
+                free_mapped + 2 * g,
+                "round {round}: free memory rises by the evicted pages"
+            );
+            host = buffer.restore_host(evicted).unwrap();
+            assert_eq!(
+                host.as_ptr(),
+                at,
+                "round {round}: the same pinned memory back"
+            );
+            assert!(
+                host[2 * g..].iter().all(|&b| b == 0xa5),
+                "round {round}: the tail"
+            );
+            assert_eq!(ctx.memory_info().unwrap().0, free_mapped, "round {round}");
+        }
+        assert_eq!(
+            buffer
+                .slice_bytes::<u32>(..2 * g)
+                .unwrap()
+                .to_vec()
+                .unwrap(),
+            data
+        );
+    }
+    assert_eq!(settled_free(&ctx, free_before), free_before, "leak");
+}
+
 /// Exportable pages are checked once, at construction; a page mapped into an exportable buffer from
 /// elsewhere is refused at export; an import of a description this process cannot honour is
 /// refused before any import, with nothing left mapped.

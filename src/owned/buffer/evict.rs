@@ -191,19 +191,30 @@ impl Evicted {
     /// ```
     #[must_use]
     pub fn host_bytes(&self) -> &[u8] {
-        &self.bytes
+        // The pinned memory may be longer (one given to `evict_into`): its first `len` bytes.
+        self.bytes.get(..self.len()).unwrap_or(&self.bytes)
     }
 
     /// The bytes evicted (the sum of the pages' sizes).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.pieces
+            .iter()
+            .fold(0usize, |sum, p| sum.saturating_add(p.size))
     }
 
     /// Whether no byte was evicted (never: an eviction takes at least one page).
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.len() == 0
+    }
+
+    /// The pinned host memory that holds the bytes (at its start), whole: as long as
+    /// [`len`](Evicted::len), or longer where it was given to
+    /// [`evict_into`](VirtualBuffer::evict_into).
+    #[must_use]
+    pub fn host_capacity(&self) -> usize {
+        self.bytes.len()
     }
 }
 
@@ -367,6 +378,55 @@ impl VirtualBuffer<ReadWrite> {
     #[doc(alias = "cuMemUnmap")]
     #[doc(alias = "cuMemRelease")]
     pub fn evict(&mut self, range: impl RangeBounds<usize>) -> Result<Evicted, Error> {
+        self.evict_with(range, None)
+    }
+
+    /// `cuMemcpyDtoH`, `cuMemUnmap`, `cuMemRelease` — as [`evict`](VirtualBuffer::evict), into
+    /// `host`, pinned host memory the caller keeps from one eviction to the next (given back by
+    /// [`restore_host`](VirtualBuffer::restore_host)): pinning is the slow part of an eviction
+    /// (`cuMemHostAlloc` of 1 GiB takes longer than copying it over the host link many times), so
+    /// an engine that sleeps and wakes often pins once. The bytes are written at the start of
+    /// `host`; the rest of it is left as it was.
+    ///
+    /// # Errors
+    /// As [`evict`](VirtualBuffer::evict); and, before any driver call, [`Error::LengthMismatch`]
+    /// where `host` is shorter than the pages to evict (`expected` is their size). On any error
+    /// `host` is dropped (freed).
+    ///
+    /// # Examples
+    /// Sleep and wake twice with one pinned buffer:
+    /// ```no_run
+    /// use cuda_vmm::{Context, Device, PinnedBuffer, ReadWrite, VirtualBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let mut weights = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// weights.grow(device, 64 << 20)?;
+    /// let mut host = PinnedBuffer::<u8>::zeroed(&Context::new(device)?, 64 << 20)?;
+    /// for _ in 0..2 {
+    ///     let asleep = weights.evict_into(.., host)?; // no pinning here
+    ///     host = weights.restore_host(asleep)?; // the same pinned memory back
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemcpyDtoH")]
+    #[doc(alias = "cuMemUnmap")]
+    #[doc(alias = "cuMemRelease")]
+    pub fn evict_into(
+        &mut self,
+        range: impl RangeBounds<usize>,
+        host: PinnedBuffer<u8>,
+    ) -> Result<Evicted, Error> {
+        self.evict_with(range, Some(host))
+    }
+
+    /// [`evict`](VirtualBuffer::evict) into `host`, or into new pinned memory.
+    fn evict_with(
+        &mut self,
+        range: impl RangeBounds<usize>,
+        host: Option<PinnedBuffer<u8>>,
+    ) -> Result<Evicted, Error> {
         let (start, end) = range_bounds(range, self.budget, BUDGET)?;
         self.reclaim_all_finished();
         let pieces = self.evictable(start, end)?;
@@ -375,16 +435,26 @@ impl VirtualBuffer<ReadWrite> {
                 what: "evicted bytes",
             })
         })?;
-        // SAFETY: `total` bytes, the pieces' sizes added up: the loop below writes every one of them
-        // (the pieces one after another, each copy finished when it returns) before `bytes` is
-        // handed out; where a copy fails, `bytes` is dropped unread.
-        let mut bytes = unsafe { PinnedBuffer::<u8>::unfilled(self.first_context()?, total)? };
+        let mut bytes = match host {
+            Some(host) if host.len() >= total => host,
+            Some(host) => {
+                return Err(Error::LengthMismatch {
+                    expected: total,
+                    found: host.len(),
+                });
+            }
+            // SAFETY: `total` bytes, the pieces' sizes added up: the loop below writes every one of
+            // them (the pieces one after another, each copy finished when it returns) before
+            // `bytes` is handed out; where a copy fails, `bytes` is dropped unread.
+            None => unsafe { PinnedBuffer::<u8>::unfilled(self.first_context()?, total)? },
+        };
         let host = bytes.as_raw_mut_ptr();
         let mut at = 0usize;
         for piece in &pieces {
             let view = self.slice_bytes::<u8>(piece.offset..piece.end())?;
-            // SAFETY: `[at, at + size)` lies inside the `total` bytes of `bytes` (the sizes add up
-            // to `total`), which nothing else reads or writes meanwhile (`bytes` is local).
+            // SAFETY: `[at, at + size)` lies inside the first `total` bytes of `bytes` (the sizes
+            // add up to `total`, and `bytes` holds at least that many), which nothing else reads or
+            // writes meanwhile (`bytes` is owned here).
             unsafe { view.copy_to_host_raw(host.wrapping_add(at))? };
             at = at.saturating_add(piece.size);
         }
@@ -501,6 +571,32 @@ impl VirtualBuffer<ReadWrite> {
     #[doc(alias = "cuMemSetAccess")]
     #[doc(alias = "cuMemcpyHtoD")]
     pub fn restore(&mut self, evicted: Evicted) -> Result<(), NotRestored> {
+        self.restore_host(evicted).map(drop)
+    }
+
+    /// `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemcpyHtoD` — as
+    /// [`restore`](VirtualBuffer::restore), and gives back the pinned host memory that held the
+    /// bytes, for the next [`evict_into`](VirtualBuffer::evict_into).
+    ///
+    /// # Errors
+    /// As [`restore`](VirtualBuffer::restore).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use cuda_vmm::{Device, ReadWrite, VirtualBuffer};
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// # let device = Device::get(0)?;
+    /// let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// buffer.grow(device, 2 << 20)?;
+    /// let evicted = buffer.evict(..)?; // pins 2 MiB once
+    /// let host = buffer.restore_host(evicted)?;
+    /// let evicted = buffer.evict_into(.., host)?; // and reuses them
+    /// buffer.restore(evicted)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "cuMemcpyHtoD")]
+    pub fn restore_host(&mut self, evicted: Evicted) -> Result<PinnedBuffer<u8>, NotRestored> {
         let restored = if evicted.buffer == self.id {
             self.restore_pieces(&evicted)
         } else {
@@ -509,7 +605,10 @@ impl VirtualBuffer<ReadWrite> {
                        it was evicted from",
             })
         };
-        restored.map_err(|error| NotRestored { error, evicted })
+        match restored {
+            Ok(()) => Ok(evicted.bytes),
+            Err(error) => Err(NotRestored { error, evicted }),
+        }
     }
 
     fn restore_pieces(&mut self, evicted: &Evicted) -> Result<(), Error> {
