@@ -537,7 +537,7 @@ impl Comm {
     }
 
     /// The end of a scope, before its wait: until the stream is idle (`cuStreamQuery`), polls
-    /// `ncclCommGetAsyncError` too, every [`CHECK_EVERY`]. On an asynchronous error, or once the
+    /// `ncclCommGetAsyncError` too, every [`CHECK_EVERY`] from the first such interval on. On an asynchronous error, or once the
     /// [timeout](Comm::set_timeout) has passed, aborts the communicator (its kernels exit) and
     /// returns the error. This proves nothing finished: the scope's one wait
     /// ([`cudarc::scope`](super::cudarc::scope)'s) always follows. Where polling cannot be done (a
@@ -560,7 +560,9 @@ impl Comm {
             return Ok(());
         }
         let since = Instant::now();
-        let mut next_check = Duration::ZERO;
+        // The first check comes after one interval: an error of work that ends sooner is read by
+        // the check after the wait (`Comm::scope`), at no cost to the polls.
+        let mut next_check = CHECK_EVERY;
         loop {
             // SAFETY: a live stream of the current context (bound above); a query only reads its
             // state.
