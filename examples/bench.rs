@@ -3118,6 +3118,7 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
     for (label, bytes, reps) in [("64 MiB", 64usize << 20, 500), ("1 GiB", GIB, 100)] {
         let mut buffer = VirtualBuffer::new(2 * bytes, &[device], ReadWrite)?;
         buffer.grow(device, 2 * bytes)?;
+        let vmm_send = usize::try_from(buffer.base())? as *const c_void;
         let view = buffer.slice_bytes_mut::<f32>(..)?;
         let (send, mut recv) = view.split_at_mut(bytes / 4)?;
         ctx.bind_to_thread()?;
@@ -3145,7 +3146,52 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
             // SAFETY: the communicator's live stream, of the current context.
             ok(unsafe { raw::cuStreamSynchronize(raw_stream) })
         };
+        // The same raw call and wait on the VirtualBuffer's own pages (their address read before
+        // the view was lent, so the raw and the crate's runs use the same bytes): what the memory
+        // costs, apart from the crate's scope.
+        let mut raw_on_vmm = || -> BenchResult<()> {
+            ctx.bind_to_thread()?;
+            // SAFETY: the buffer's `2 * bytes` mapped, granted bytes, alive until after this loop;
+            // no view of them is used while this runs (the runs alternate on one thread): the
+            // first half reduced into the second, `bytes / 4` floats (ncclFloat32 7, ncclSum 0).
+            let dst = unsafe { vmm_send.cast::<u8>().add(bytes) }
+                .cast_mut()
+                .cast::<c_void>();
+            // SAFETY: as above, on the communicator's stream, waited for just below.
+            let code = unsafe { all_reduce(vmm_send, dst, bytes / 4, 7, 0, raw_comm, raw_stream) };
+            nccl_ok(code, "ncclAllReduce")?;
+            // SAFETY: the communicator's live stream, of the current context.
+            ok(unsafe { raw::cuStreamSynchronize(raw_stream) })
+        };
         warm_up(0.5, &mut safe_reduce, &mut raw_reduce)?;
+        let (on_vmm, on_nccl, paired_memory) = race_paired(reps, &mut raw_on_vmm, &mut raw_reduce)?;
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl: single-rank all-reduce of {label}, raw ncclAllReduce + synchronize on \
+                     the VirtualBuffer's pages vs on ncclMemAlloc memory (GB/s reduced)"
+                ),
+                bytes,
+                on_vmm,
+                on_nccl,
+                "report: the memory's part",
+            )
+            .with_paired_times(paired_memory),
+        );
+        let (lent, raw_vmm_t, paired_scope) = race_paired(reps, &mut safe_reduce, &mut raw_on_vmm)?;
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl: single-rank all-reduce of {label} on the same VirtualBuffer pages, lent \
+                     in Comm::scope vs raw ncclAllReduce + synchronize (GB/s reduced)"
+                ),
+                bytes,
+                lent,
+                raw_vmm_t,
+                "report: the scope's part",
+            )
+            .with_paired_times(paired_scope),
+        );
         let (safe, raw_t, paired) = race_paired(reps, &mut safe_reduce, &mut raw_reduce)?;
         rows.push(
             Row::gbs(
