@@ -672,39 +672,12 @@ fn two_gpus_non_blocking_in_one_process() -> TestResult {
     let streams: Vec<_> = gpus.iter().map(|(_, s)| Arc::clone(s)).collect();
     let comms = Comm::from_devices_with(&streams, non_blocking())?;
     assert!(comms.iter().all(|c| !c.is_blocking()));
-    let mut buffers = Vec::new();
-    for (rank, (device, _)) in gpus.iter().enumerate() {
-        let page = page(*device);
-        let mut buffer = VirtualBuffer::new(1 << 30, &[*device], ReadWrite)?;
-        buffer.grow(*device, page)?;
-        buffer
-            .slice_bytes_mut::<f32>(..page)?
-            .copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
-        buffers.push(buffer);
-    }
-    let [b0, b1] = &mut buffers[..] else {
-        unreachable!("two buffers")
-    };
-    let (mut r0, mut r1) = (comms[0].register(b0, ..)?, comms[1].register(b1, ..)?);
-    let mut v0 = r0.slice_bytes_mut::<f32>(..)?;
-    let mut v1 = r1.slice_bytes_mut::<f32>(..)?;
-    comms[0].scope(|s0| {
-        comms[1].scope(|s1| -> Result<(), Error> {
-            let (mut l0, mut l1) = (s0.lend_mut(&mut v0)?, s1.lend_mut(&mut v1)?);
-            // The group's end returns ncclInProgress; both communicators are polled.
-            group(|| {
-                s0.all_reduce_in_place(&mut l0, ReduceOp::Sum)?;
-                s1.all_reduce_in_place(&mut l1, ReduceOp::Sum)
-            })
-        })
-    })?;
-    assert!(v0.to_vec()?.iter().all(|&x| x == 3.0), "{test}: rank 0");
-    assert!(v1.to_vec()?.iter().all(|&x| x == 3.0), "{test}: rank 1");
-    Ok(())
+    // The group's end returns ncclInProgress; both communicators are polled.
+    all_reduce_on_two(test, &gpus, &comms)
 }
 
-/// One non-blocking rank of two in its own thread: all-reduces `rank + 1` in registered memory
-/// and checks the sum, then tears its communicator down.
+/// One non-blocking rank of two in its own thread: as [`one_rank_of_two`], its communicator made
+/// non-blocking (torn down with the other rank's: finalized, then destroyed).
 fn one_non_blocking_rank_of_two(
     stream: &Arc<CudaStream>,
     device: Device,
@@ -712,22 +685,7 @@ fn one_non_blocking_rank_of_two(
     id: &UniqueId,
 ) -> TestResult {
     let comm = Comm::from_rank_with(stream, rank, 2, id, non_blocking())?;
-    let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
-    let mut registration = comm.register(&mut buffer, ..)?;
-    let mut view = registration.slice_bytes_mut::<f32>(..)?;
-    view.copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
-    comm.scope(|s| -> Result<(), Error> {
-        s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
-    })?;
-    assert!(
-        view.to_vec()?.iter().all(|&x| x == 3.0),
-        "rank {rank}: the sum of both ranks"
-    );
-    drop(registration);
-    drop(comm); // finalized with the other rank, then destroyed
-    Ok(())
+    all_reduce_as_rank_of_two(&comm, device, rank)
 }
 
 fn two_non_blocking_ranks_in_two_threads() -> TestResult {
@@ -802,6 +760,12 @@ fn two_gpus_in_one_process() -> TestResult {
     };
     let streams: Vec<_> = gpus.iter().map(|(_, s)| Arc::clone(s)).collect();
     let comms = Comm::from_devices(&streams)?;
+    all_reduce_on_two(test, &gpus, &comms)
+}
+
+/// Ranks 0 and 1 of `comms`, one per GPU of `gpus`, all-reduce `rank + 1` in registered VMM memory
+/// in one group, and both read 3.
+fn all_reduce_on_two(test: &str, gpus: &[(Device, Arc<CudaStream>)], comms: &[Comm]) -> TestResult {
     let mut buffers = Vec::new();
     for (rank, (device, _)) in gpus.iter().enumerate() {
         let page = page(*device);
@@ -840,6 +804,12 @@ fn one_rank_of_two(
     id: &UniqueId,
 ) -> TestResult {
     let comm = Comm::from_rank(stream, rank, 2, id)?;
+    all_reduce_as_rank_of_two(&comm, device, rank)
+}
+
+/// Rank `rank` of the two of `comm` all-reduces `rank + 1` in registered VMM memory on `device`
+/// and reads the sum of both, 3.
+fn all_reduce_as_rank_of_two(comm: &Comm, device: Device, rank: usize) -> TestResult {
     let page = page(device);
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, page)?;
