@@ -274,6 +274,7 @@ fn run() -> BenchResult<()> {
     if std::env::args().nth(1).as_deref() == Some("nccl") {
         let mut not_run = Vec::new();
         nccl_rows(ctx, &mut rows, &mut not_run)?;
+        nccl_two_rank_rows(&contexts, &mut rows, &mut not_run)?;
         return report(&device.name()?, devices.len(), &rows, &not_run);
     }
 
@@ -324,6 +325,8 @@ fn run() -> BenchResult<()> {
     cudarc_rows(ctx, &mut rows, &mut not_run)?;
     #[cfg(feature = "nccl")]
     nccl_rows(ctx, &mut rows, &mut not_run)?;
+    #[cfg(feature = "nccl")]
+    nccl_two_rank_rows(&contexts, &mut rows, &mut not_run)?;
 
     report(&device.name()?, devices.len(), &rows, &not_run)
 }
@@ -3570,4 +3573,199 @@ fn shareable_rows(
     #[cfg(unix)]
     shareable_export_row(ctx, g, rows, not_run)?;
     evict_restore_rows(ctx, rows, not_run)
+}
+
+/// NCCL with two ranks in one process (feature `nccl`), GPUs 0 and 1 (`ncclCommInitAll`): the
+/// in-place all-reduce's bus bandwidth (for two ranks, the bytes over the time) at 64 MiB and
+/// 1 GiB, on `VirtualBuffer` memory registered with each communicator and lent in nested
+/// `Comm::scope`s inside one `nccl::group`, against the same two `ncclAllReduce` in
+/// `ncclGroupStart` / `ncclGroupEnd` on `ncclMemAlloc` memory followed by `cuStreamSynchronize` of
+/// both streams; and unregistered `VirtualBuffer` memory lent the same way against the same raw
+/// calls (report). Needs two GPUs: with fewer, a line in `not_run` says so.
+#[cfg(feature = "nccl")]
+#[allow(clippy::too_many_lines)] // one row group, read top to bottom
+fn nccl_two_rank_rows(
+    contexts: &[Context],
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    use cuda_vmm::interop::nccl::{self, Comm, ReduceOp, group};
+    use cuda_vmm::{ReadWrite, VirtualBuffer};
+    use cudarc::driver::CudaContext;
+
+    type AllReduce = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        i32,
+        i32,
+        *mut c_void,
+        *mut c_void,
+    ) -> i32;
+    type MemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> i32;
+    type MemFree = unsafe extern "C" fn(*mut c_void) -> i32;
+    type Group = unsafe extern "C" fn() -> i32;
+    fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(format!("{call} failed: {code}").into())
+        }
+    }
+
+    let [ctx0, ctx1, ..] = contexts else {
+        not_run.push(format!(
+            "nccl two-rank rows (issue: two-GPU runs): need 2 GPUs, found {}",
+            contexts.len()
+        ));
+        return Ok(());
+    };
+    if let Err(e) = nccl::version() {
+        not_run.push(format!("nccl two-rank rows: {e}"));
+        return Ok(());
+    }
+    for ctx in [ctx0, ctx1] {
+        if ctx.memory_info()?.0 < 3 * GIB + HEADROOM {
+            not_run.push("nccl two-rank rows: need 3 GiB free on each of GPUs 0 and 1".to_owned());
+            return Ok(());
+        }
+    }
+    // SAFETY: opens the NCCL that `nccl::version` just loaded, kept open until the end of this
+    // function, after every use of the functions below.
+    let library = unsafe { libloading::Library::new("libnccl.so.2") }
+        .or_else(|_| unsafe { libloading::Library::new("libnccl.so") })?;
+    // SAFETY: each type is the C signature of its function in NCCL 2.28's `nccl.h`, with `int` for
+    // `ncclResult_t` and the enums; the pointers are used only while `library` is open.
+    let (all_reduce, mem_alloc, mem_free, group_start, group_end) = unsafe {
+        (
+            *library.get::<AllReduce>(b"ncclAllReduce\0")?,
+            *library.get::<MemAlloc>(b"ncclMemAlloc\0")?,
+            *library.get::<MemFree>(b"ncclMemFree\0")?,
+            *library.get::<Group>(b"ncclGroupStart\0")?,
+            *library.get::<Group>(b"ncclGroupEnd\0")?,
+        )
+    };
+    let streams = [
+        CudaContext::new(ctx0.device().ordinal())?.new_stream()?,
+        CudaContext::new(ctx1.device().ordinal())?.new_stream()?,
+    ];
+    let comms = Comm::from_devices(&streams)?;
+    let raw: Vec<(*mut c_void, *mut c_void)> = comms
+        .iter()
+        .map(|c| (c.as_raw(), c.stream().cu_stream().cast::<c_void>()))
+        .collect();
+    for (label, bytes, reps) in [("64 MiB", 64usize << 20, 200), ("1 GiB", GIB, 40)] {
+        let n = bytes / 4;
+        let mut buffers = Vec::new();
+        for ctx in [ctx0, ctx1] {
+            let buffer = VirtualBuffer::new(bytes, &[ctx.device()], ReadWrite)?;
+            buffer.grow(ctx.device(), bytes)?;
+            buffers.push(buffer);
+        }
+        let [b0, b1] = &mut buffers[..] else {
+            return Err("two buffers".into());
+        };
+        let mut raw_memory = [core::ptr::null_mut(); 2];
+        for (ctx, memory) in [ctx0, ctx1].into_iter().zip(&mut raw_memory) {
+            ctx.bind_to_thread()?;
+            // SAFETY: `memory` is writable; the context of the GPU to allocate on is current.
+            nccl_ok(unsafe { mem_alloc(memory, bytes) }, "ncclMemAlloc")?;
+        }
+        let mut raw_reduce = || -> BenchResult<()> {
+            // SAFETY: a group of one in-place all-reduce per rank, on `bytes` of each rank's
+            // `ncclMemAlloc` memory (alive until after this loop), on its communicator's stream;
+            // both streams are waited for below (ncclFloat32 7, ncclSum 0).
+            unsafe {
+                nccl_ok(group_start(), "ncclGroupStart")?;
+                for (&(comm, stream), &memory) in raw.iter().zip(&raw_memory) {
+                    let code = all_reduce(memory.cast_const(), memory, n, 7, 0, comm, stream);
+                    nccl_ok(code, "ncclAllReduce")?;
+                }
+                nccl_ok(group_end(), "ncclGroupEnd")?;
+            }
+            for (ctx, &(_, stream)) in [ctx0, ctx1].into_iter().zip(&raw) {
+                ctx.bind_to_thread()?;
+                // SAFETY: a live stream of the current context.
+                ok(unsafe { raw::cuStreamSynchronize(stream) })?;
+            }
+            Ok(())
+        };
+        // The crate's path, registered or not: nested scopes on both communicators' streams, one
+        // group around the two collectives (NCCL launches them at its end, inside both scopes).
+        let lent_reduce = |v0: &mut cuda_vmm::DeviceSliceMut<'_, f32>,
+                           v1: &mut cuda_vmm::DeviceSliceMut<'_, f32>| {
+            comms[0].scope(|s0| {
+                comms[1].scope(|s1| -> BenchResult<()> {
+                    let (mut l0, mut l1) = (s0.lend_mut(v0)?, s1.lend_mut(v1)?);
+                    group(|| -> BenchResult<()> {
+                        s0.all_reduce_in_place(&mut l0, ReduceOp::Sum)?;
+                        s1.all_reduce_in_place(&mut l1, ReduceOp::Sum)?;
+                        Ok(())
+                    })
+                })
+            })
+        };
+        let (safe_t, raw_t, paired) = {
+            let (mut r0, mut r1) = (comms[0].register(b0, ..)?, comms[1].register(b1, ..)?);
+            let mut v0 = r0.slice_bytes_mut::<f32>(..)?;
+            let mut v1 = r1.slice_bytes_mut::<f32>(..)?;
+            let mut registered = || lent_reduce(&mut v0, &mut v1);
+            warm_up(0.5, &mut registered, &mut raw_reduce)?;
+            race_paired(reps, &mut registered, &mut raw_reduce)?
+        };
+        // Unregistered: another pair of buffers, never registered (a registered buffer gives no
+        // view but through its registration).
+        let (plain_t, raw_plain_t, paired_plain) = {
+            let mut plain = Vec::new();
+            for ctx in [ctx0, ctx1] {
+                let buffer = VirtualBuffer::new(bytes, &[ctx.device()], ReadWrite)?;
+                buffer.grow(ctx.device(), bytes)?;
+                plain.push(buffer);
+            }
+            let [p0, p1] = &mut plain[..] else {
+                return Err("two buffers".into());
+            };
+            let mut v0 = p0.slice_bytes_mut::<f32>(..)?;
+            let mut v1 = p1.slice_bytes_mut::<f32>(..)?;
+            let mut unregistered = || lent_reduce(&mut v0, &mut v1);
+            warm_up(0.5, &mut unregistered, &mut raw_reduce)?;
+            race_paired(reps, &mut unregistered, &mut raw_reduce)?
+        };
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl, two ranks (GPUs 0 and 1): all-reduce of {label} in place, registered \
+                     VirtualBuffer memory lent in Comm::scope vs ncclAllReduce in a group on \
+                     ncclMemAlloc memory, bus bandwidth (GB/s)"
+                ),
+                bytes,
+                safe_t,
+                raw_t,
+                "safe/raw >= 0.99",
+            )
+            .with_paired_times(paired),
+        );
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl, two ranks: all-reduce of {label}, unregistered VirtualBuffer memory \
+                     lent in Comm::scope vs ncclAllReduce in a group on ncclMemAlloc memory, bus \
+                     bandwidth (GB/s)"
+                ),
+                bytes,
+                plain_t,
+                raw_plain_t,
+                "report",
+            )
+            .with_paired_times(paired_plain),
+        );
+        for (ctx, memory) in [ctx0, ctx1].into_iter().zip(raw_memory) {
+            ctx.bind_to_thread()?;
+            // SAFETY: memory from `ncclMemAlloc`, freed once; its last all-reduce was waited for.
+            nccl_ok(unsafe { mem_free(memory) }, "ncclMemFree")?;
+        }
+    }
+    drop(comms);
+    drop(library);
+    Ok(())
 }
