@@ -3605,6 +3605,8 @@ fn nccl_two_rank_rows(
     type MemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> i32;
     type MemFree = unsafe extern "C" fn(*mut c_void) -> i32;
     type Group = unsafe extern "C" fn() -> i32;
+    type Register = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> i32;
+    type Deregister = unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32;
     fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
         if code == 0 {
             Ok(())
@@ -3645,6 +3647,13 @@ fn nccl_two_rank_rows(
             *library.get::<Group>(b"ncclGroupEnd\0")?,
         )
     };
+    // SAFETY: as above.
+    let (register, deregister) = unsafe {
+        (
+            *library.get::<Register>(b"ncclCommRegister\0")?,
+            *library.get::<Deregister>(b"ncclCommDeregister\0")?,
+        )
+    };
     let streams = [
         CudaContext::new(ctx0.device().ordinal())?.new_stream()?,
         CudaContext::new(ctx1.device().ordinal())?.new_stream()?,
@@ -3654,6 +3663,64 @@ fn nccl_two_rank_rows(
         .iter()
         .map(|c| (c.as_raw(), c.stream().cu_stream().cast::<c_void>()))
         .collect();
+    // Registration of 64 MiB with each rank's communicator (local calls, no group), and its
+    // deregistration, against the raw calls on the same bytes.
+    {
+        const REGISTERED: usize = 64 << 20;
+        let mut buffers = Vec::new();
+        for ctx in [ctx0, ctx1] {
+            let buffer = VirtualBuffer::new(REGISTERED, &[ctx.device()], ReadWrite)?;
+            buffer.grow(ctx.device(), REGISTERED)?;
+            buffers.push(buffer);
+        }
+        let bases: Vec<*mut c_void> = buffers
+            .iter()
+            .map(|b| usize::try_from(b.base()).map(|a| a as *mut c_void))
+            .collect::<Result<_, _>>()?;
+        let [b0, b1] = &mut buffers[..] else {
+            return Err("two buffers".into());
+        };
+        let mut safe_register = || -> BenchResult<()> {
+            drop(comms[0].register(b0, ..)?);
+            drop(comms[1].register(b1, ..)?);
+            Ok(())
+        };
+        let raw_register = || -> BenchResult<()> {
+            for ((ctx, &(comm, _)), &base) in [ctx0, ctx1].into_iter().zip(&raw).zip(&bases) {
+                ctx.bind_to_thread()?;
+                let mut handle = core::ptr::null_mut();
+                // SAFETY: a live communicator of this context; the bytes are mapped and granted
+                // for the whole block; the handle is deregistered at once, with nothing queued.
+                let code = unsafe { register(comm, base, REGISTERED, &raw mut handle) };
+                nccl_ok(code, "ncclCommRegister")?;
+                // SAFETY: the handle just made, deregistered once.
+                nccl_ok(unsafe { deregister(comm, handle) }, "ncclCommDeregister")?;
+            }
+            Ok(())
+        };
+        let (a, b, calibration) = race_paired(1000, raw_register, raw_register)?;
+        rows.push(Row {
+            name: "nccl, two ranks: ncclCommRegister + ncclCommDeregister of 64 MiB on each, raw \
+                   vs raw (us)"
+                .to_owned(),
+            unit: "us",
+            safe: a * 1e6,
+            raw: b * 1e6,
+            paired: Some(calibration),
+            goal: "calibration: ~1",
+        });
+        let (safe_t, raw_t, paired) = race_paired(1000, &mut safe_register, raw_register)?;
+        rows.push(Row {
+            name: "nccl, two ranks: Comm::register + drop of 64 MiB of a VirtualBuffer on each vs \
+                   the raw calls (us)"
+                .to_owned(),
+            unit: "us",
+            safe: safe_t * 1e6,
+            raw: raw_t * 1e6,
+            paired: Some(paired),
+            goal: "safe/raw <= 1.01",
+        });
+    }
     for (label, bytes, reps) in [("64 MiB", 64usize << 20, 200), ("1 GiB", GIB, 40)] {
         let n = bytes / 4;
         let mut buffers = Vec::new();
