@@ -102,6 +102,32 @@ fn nccl_loads_or_says_why() -> TestResult {
     Ok(())
 }
 
+/// A single-rank all-reduce of `input` from `buffer`'s first page into its second, neither
+/// registered (the second zeroed first): one rank's sum is its input.
+fn all_reduce_unregistered(
+    test: &str,
+    comm: &Comm,
+    buffer: &mut VirtualBuffer,
+    page: usize,
+    input: &[f32],
+) -> TestResult {
+    let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+    let (mut send, mut recv) = view.split_at_mut(input.len())?;
+    send.copy_from_host(input)?;
+    recv.copy_from_host(&vec![0.0; input.len()])?;
+    comm.scope(|s| -> Result<(), Error> {
+        let send = s.lend(&send)?;
+        let mut recv = s.lend_mut(&mut recv)?;
+        s.all_reduce(&send, &mut recv, ReduceOp::Sum)
+    })?;
+    assert_eq!(
+        recv.to_vec()?,
+        input,
+        "{test}: one rank's sum is its input (not registered)"
+    );
+    Ok(())
+}
+
 fn single_rank_all_reduce_registered_and_not() -> TestResult {
     let test = "single_rank_all_reduce_registered_and_not";
     let Some((device, comm)) = one_rank(test) else {
@@ -114,18 +140,7 @@ fn single_rank_all_reduce_registered_and_not() -> TestResult {
     let n = page / 4;
     let input = floats(n, 7);
     // Not registered: first page into the second.
-    {
-        let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
-        let (mut send, mut recv) = view.split_at_mut(n)?;
-        send.copy_from_host(&input)?;
-        recv.copy_from_host(&vec![0.0; n])?;
-        comm.scope(|s| -> Result<(), Error> {
-            let send = s.lend(&send)?;
-            let mut recv = s.lend_mut(&mut recv)?;
-            s.all_reduce(&send, &mut recv, ReduceOp::Sum)
-        })?;
-        assert_eq!(recv.to_vec()?, input, "{test}: one rank's sum is its input");
-    }
+    all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
     // Registered: the same, then in place.
     let mut registration = comm.register(&mut buffer, ..2 * page)?;
     {
@@ -563,18 +578,7 @@ fn non_blocking_round(
     let n = page / 4;
     let input = floats(n, 13);
     // Not registered, out of place.
-    {
-        let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
-        let (mut send, mut recv) = view.split_at_mut(n)?;
-        send.copy_from_host(&input)?;
-        recv.copy_from_host(&vec![0.0; n])?;
-        comm.scope(|s| -> Result<(), Error> {
-            let send = s.lend(&send)?;
-            let mut recv = s.lend_mut(&mut recv)?;
-            s.all_reduce(&send, &mut recv, ReduceOp::Sum)
-        })?;
-        assert_eq!(recv.to_vec()?, input, "{test}: not registered");
-    }
+    all_reduce_unregistered(test, &comm, buffer, page, &input)?;
     // Registered, out of place and then in place inside a group (settled at its end).
     let mut registration = comm.register(buffer, ..2 * page)?;
     {
