@@ -3013,6 +3013,65 @@ fn raw_decode_row(
     Ok(())
 }
 
+/// NCCL's functions the raw sides of the NCCL rows call, with `int` for `ncclResult_t` and the
+/// enums (NCCL 2.28's `nccl.h`), from the library kept open as long as the value lives.
+#[cfg(feature = "nccl")]
+struct RawNccl {
+    register: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> i32,
+    deregister: unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32,
+    #[allow(clippy::type_complexity)]
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        i32,
+        i32,
+        *mut c_void,
+        *mut c_void,
+    ) -> i32,
+    mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> i32,
+    mem_free: unsafe extern "C" fn(*mut c_void) -> i32,
+    group_start: unsafe extern "C" fn() -> i32,
+    group_end: unsafe extern "C" fn() -> i32,
+    /// Keeps the functions above loaded.
+    _library: libloading::Library,
+}
+
+#[cfg(feature = "nccl")]
+impl RawNccl {
+    /// Opens the NCCL that `nccl::version` loaded (its constructors ran already) and looks the
+    /// functions up.
+    fn load() -> BenchResult<RawNccl> {
+        // SAFETY: opening NCCL runs no constructor that has not run yet (the crate loaded it).
+        let library = unsafe { libloading::Library::new("libnccl.so.2") }
+            .or_else(|_| unsafe { libloading::Library::new("libnccl.so") })?;
+        // SAFETY: each field's type is the C signature of its function in NCCL 2.28's `nccl.h`;
+        // the pointers are used only while `library`, moved into the value, is open.
+        unsafe {
+            Ok(RawNccl {
+                register: *library.get(b"ncclCommRegister\0")?,
+                deregister: *library.get(b"ncclCommDeregister\0")?,
+                all_reduce: *library.get(b"ncclAllReduce\0")?,
+                mem_alloc: *library.get(b"ncclMemAlloc\0")?,
+                mem_free: *library.get(b"ncclMemFree\0")?,
+                group_start: *library.get(b"ncclGroupStart\0")?,
+                group_end: *library.get(b"ncclGroupEnd\0")?,
+                _library: library,
+            })
+        }
+    }
+}
+
+/// `Ok` for `ncclSuccess`; else the call's name and code.
+#[cfg(feature = "nccl")]
+fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {code}").into())
+    }
+}
+
 /// NCCL (feature `nccl`), one rank on GPU 0: `Comm::register` + drop against raw `ncclCommRegister`
 /// and `ncclCommDeregister` of the same bytes (with a raw-against-raw calibration row), and a
 /// single-rank all-reduce (out of place: in place, one rank queues nothing) on `VirtualBuffer`
@@ -3025,27 +3084,6 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
     use cuda_vmm::{ReadWrite, VirtualBuffer};
     use cudarc::driver::CudaContext;
 
-    type Register = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> i32;
-    type Deregister = unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32;
-    type AllReduce = unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        i32,
-        i32,
-        *mut c_void,
-        *mut c_void,
-    ) -> i32;
-    type MemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> i32;
-    type MemFree = unsafe extern "C" fn(*mut c_void) -> i32;
-    fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
-        if code == 0 {
-            Ok(())
-        } else {
-            Err(format!("{call} failed: {code}").into())
-        }
-    }
-
     const REGISTERED: usize = 64 << 20;
     if let Err(e) = nccl::version() {
         not_run.push(format!("nccl rows: {e}"));
@@ -3056,21 +3094,15 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
         not_run.push("nccl rows: need 4 GiB free on GPU 0".to_owned());
         return Ok(());
     }
-    // SAFETY: opens the NCCL that `nccl::version` just loaded (its constructors ran already), kept
-    // open until the end of this function, after every use of the functions below.
-    let library = unsafe { libloading::Library::new("libnccl.so.2") }
-        .or_else(|_| unsafe { libloading::Library::new("libnccl.so") })?;
-    // SAFETY: each type is the C signature of its function in NCCL 2.28's `nccl.h`, with `int` for
-    // `ncclResult_t` and the enums; the pointers are used only while `library` is open.
-    let (register, deregister, all_reduce, mem_alloc, mem_free) = unsafe {
-        (
-            *library.get::<Register>(b"ncclCommRegister\0")?,
-            *library.get::<Deregister>(b"ncclCommDeregister\0")?,
-            *library.get::<AllReduce>(b"ncclAllReduce\0")?,
-            *library.get::<MemAlloc>(b"ncclMemAlloc\0")?,
-            *library.get::<MemFree>(b"ncclMemFree\0")?,
-        )
-    };
+    let raw_nccl = RawNccl::load()?;
+    let RawNccl {
+        register,
+        deregister,
+        all_reduce,
+        mem_alloc,
+        mem_free,
+        ..
+    } = raw_nccl;
     let stream = CudaContext::new(device.ordinal())?.new_stream()?;
     let comm = Comm::from_devices(&[stream])?.remove(0);
     let (raw_comm, raw_stream) = (comm.as_raw(), comm.stream().cu_stream().cast::<c_void>());
@@ -3213,7 +3245,7 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
         nccl_ok(unsafe { mem_free(raw_memory) }, "ncclMemFree")?;
     }
     drop(comm);
-    drop(library);
+    drop(raw_nccl);
     Ok(())
 }
 
@@ -3593,28 +3625,6 @@ fn nccl_two_rank_rows(
     use cuda_vmm::{ReadWrite, VirtualBuffer};
     use cudarc::driver::CudaContext;
 
-    type AllReduce = unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        i32,
-        i32,
-        *mut c_void,
-        *mut c_void,
-    ) -> i32;
-    type MemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> i32;
-    type MemFree = unsafe extern "C" fn(*mut c_void) -> i32;
-    type Group = unsafe extern "C" fn() -> i32;
-    type Register = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut *mut c_void) -> i32;
-    type Deregister = unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32;
-    fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
-        if code == 0 {
-            Ok(())
-        } else {
-            Err(format!("{call} failed: {code}").into())
-        }
-    }
-
     let [ctx0, ctx1, ..] = contexts else {
         not_run.push(format!(
             "nccl two-rank rows (issue: two-GPU runs): need 2 GPUs, found {}",
@@ -3632,28 +3642,17 @@ fn nccl_two_rank_rows(
             return Ok(());
         }
     }
-    // SAFETY: opens the NCCL that `nccl::version` just loaded, kept open until the end of this
-    // function, after every use of the functions below.
-    let library = unsafe { libloading::Library::new("libnccl.so.2") }
-        .or_else(|_| unsafe { libloading::Library::new("libnccl.so") })?;
-    // SAFETY: each type is the C signature of its function in NCCL 2.28's `nccl.h`, with `int` for
-    // `ncclResult_t` and the enums; the pointers are used only while `library` is open.
-    let (all_reduce, mem_alloc, mem_free, group_start, group_end) = unsafe {
-        (
-            *library.get::<AllReduce>(b"ncclAllReduce\0")?,
-            *library.get::<MemAlloc>(b"ncclMemAlloc\0")?,
-            *library.get::<MemFree>(b"ncclMemFree\0")?,
-            *library.get::<Group>(b"ncclGroupStart\0")?,
-            *library.get::<Group>(b"ncclGroupEnd\0")?,
-        )
-    };
-    // SAFETY: as above.
-    let (register, deregister) = unsafe {
-        (
-            *library.get::<Register>(b"ncclCommRegister\0")?,
-            *library.get::<Deregister>(b"ncclCommDeregister\0")?,
-        )
-    };
+    let raw_nccl = RawNccl::load()?;
+    let RawNccl {
+        register,
+        deregister,
+        all_reduce,
+        mem_alloc,
+        mem_free,
+        group_start,
+        group_end,
+        ..
+    } = raw_nccl;
     let streams = [
         CudaContext::new(ctx0.device().ordinal())?.new_stream()?,
         CudaContext::new(ctx1.device().ordinal())?.new_stream()?,
@@ -3833,6 +3832,6 @@ fn nccl_two_rank_rows(
         }
     }
     drop(comms);
-    drop(library);
+    drop(raw_nccl);
     Ok(())
 }
