@@ -515,8 +515,7 @@ impl VirtualBuffer<ReadWrite> {
             bump(&mut table.stats.pages_evicted);
             // Ignored, as in `drop`: the page is unmapped and gone either way (see `evict`).
             let _ = page.memory.release_code();
-            let at = table.evicted.partition_point(|e| e.0 < piece.offset);
-            table.evicted.insert(at, (piece.offset, piece.end()));
+            mark_evicted(table, core::slice::from_ref(piece));
             evicted.push(*piece);
         }
         (evicted, None)
@@ -633,14 +632,14 @@ impl VirtualBuffer<ReadWrite> {
                     drop(table);
                     // The refused piece too: where undoing its grant failed, its page stayed.
                     let tried = mapped.saturating_add(1);
-                    self.undo_restore(evicted.pieces.get(..tried).unwrap_or(&evicted.pieces));
+                    let base = self.base;
+                    let pieces = evicted.pieces.get(..tried).unwrap_or(&evicted.pieces);
+                    undo_restore(base, self.table_mut(), pieces);
                     return Err(error);
                 }
                 mapped = mapped.saturating_add(1);
             }
-            table
-                .evicted
-                .retain(|e| !evicted.pieces.iter().any(|p| (p.offset, p.end()) == *e));
+            clear_evicted(&mut table, &evicted.pieces);
         }
         let mut at = 0usize;
         for piece in &evicted.pieces {
@@ -656,12 +655,10 @@ impl VirtualBuffer<ReadWrite> {
                         .copy_from_host(host)
                 });
             if let Err(error) = copied {
-                self.undo_restore(&evicted.pieces);
+                let base = self.base;
                 let table = self.table_mut();
-                for piece in &evicted.pieces {
-                    let index = table.evicted.partition_point(|e| e.0 < piece.offset);
-                    table.evicted.insert(index, (piece.offset, piece.end()));
-                }
+                undo_restore(base, table, &evicted.pieces);
+                mark_evicted(table, &evicted.pieces);
                 return Err(error);
             }
             at = to;
@@ -672,17 +669,37 @@ impl VirtualBuffer<ReadWrite> {
         }
         Ok(())
     }
+}
 
-    /// Unmaps and releases the pages just mapped by a restore that failed; errors are ignored (a
-    /// page the driver refuses to unmap stays in the buffer, and the next unmap or the drop tries
-    /// it again).
-    fn undo_restore(&mut self, pieces: &[Piece]) {
-        let base = self.base;
-        let table = self.table_mut();
-        for piece in pieces {
-            if let Some(index) = table.pages.iter().position(|p| p.offset == piece.offset) {
-                let _ = unmap_span(base, table, index..index.saturating_add(1));
-            }
+/// Marks the ranges of `pieces` evicted in `table` (kept sorted and disjoint): no view, lend or new
+/// page reaches them until [`clear_evicted`].
+pub(super) fn mark_evicted(table: &mut Table, pieces: &[Piece]) {
+    for piece in pieces {
+        let at = table.evicted.partition_point(|e| e.0 < piece.offset);
+        table.evicted.insert(at, (piece.offset, piece.end()));
+    }
+}
+
+/// Takes the evicted marks of `pieces` off `table`: their ranges are mapped again, or the eviction
+/// was undone.
+pub(super) fn clear_evicted(table: &mut Table, pieces: &[Piece]) {
+    table
+        .evicted
+        .retain(|e| !pieces.iter().any(|p| (p.offset, p.end()) == *e));
+}
+
+/// Unmaps and releases the pages just mapped at `pieces` by a restore that failed (host-waiting or
+/// stream-ordered, each with its copies finished or none queued); a retired page of an earlier
+/// mapping at the same offset is left to its release. Errors are ignored (a page the driver
+/// refuses to unmap stays in the buffer, and the next unmap or the drop tries it again).
+pub(super) fn undo_restore(base: u64, table: &mut Table, pieces: &[Piece]) {
+    for piece in pieces {
+        if let Some(index) = table
+            .pages
+            .iter()
+            .position(|p| p.offset == piece.offset && !p.retired)
+        {
+            let _ = unmap_span(base, table, index..index.saturating_add(1));
         }
     }
 }

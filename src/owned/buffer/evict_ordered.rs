@@ -9,9 +9,12 @@ use core::fmt;
 use core::ops::{Range, RangeBounds};
 use std::sync::PoisonError;
 
-use super::evict::{Evicted, NotRestored, Piece, check_still_evicted, evictable_pieces};
+use super::evict::{
+    Evicted, NotRestored, Piece, check_still_evicted, clear_evicted, evictable_pieces,
+    mark_evicted, undo_restore,
+};
 use super::retire::{EachStream, mark_retired, not_capturing};
-use super::{BUDGET, Memory, Retiring, ScopedBuffer, Table, VirtualBuffer, bump, unmap_span};
+use super::{BUDGET, Memory, Retiring, ScopedBuffer, Table, VirtualBuffer, bump};
 use crate::error::Error;
 use crate::owned::pages::{insertion_point, pages_inside};
 use crate::stream::{Event, PinnedBuffer, ScopedStream, Stream};
@@ -497,9 +500,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             undo_restore(buffer.base, table, pieces);
             return Err(error);
         }
-        table
-            .evicted
-            .retain(|e| !pieces.iter().any(|p| (p.offset, p.end()) == *e));
+        clear_evicted(table, pieces);
         for _ in pieces {
             bump(&mut table.stats.pages_restored);
         }
@@ -538,21 +539,10 @@ fn check_reach(
     })
 }
 
-/// Marks the ranges of `pieces` evicted in `table` (sorted, disjoint). Their pages stay in the
-/// table, retired, until their release.
-fn mark_evicted(table: &mut Table, pieces: &[Piece]) {
-    for piece in pieces {
-        let at = table.evicted.partition_point(|e| e.0 < piece.offset);
-        table.evicted.insert(at, (piece.offset, piece.end()));
-    }
-}
-
 /// Undoes the marks of an eviction whose copies were refused: its pages are neither evicted nor
 /// retired any more. No view reached them meanwhile, and their claims were kept.
 fn unmark(table: &mut Table, pieces: &[Piece], offsets: &[usize]) {
-    table
-        .evicted
-        .retain(|e| !pieces.iter().any(|p| (p.offset, p.end()) == *e));
+    clear_evicted(table, pieces);
     for page in &mut table.pages {
         if offsets.contains(&page.offset) && page.retired {
             page.retired = false;
@@ -636,19 +626,4 @@ fn queue_uploads(
         at = to;
     }
     on.record(done)
-}
-
-/// Unmaps and releases the pages just mapped at `pieces` by a restore that failed (each has its
-/// copies finished or none queued); errors are ignored (a page the driver refuses to unmap stays in
-/// the buffer, and the next unmap or the drop tries it again).
-fn undo_restore(base: u64, table: &mut Table, pieces: &[Piece]) {
-    for piece in pieces {
-        if let Some(index) = table
-            .pages
-            .iter()
-            .position(|p| p.offset == piece.offset && !p.retired)
-        {
-            let _ = unmap_span(base, table, index..index.saturating_add(1));
-        }
-    }
 }
