@@ -543,10 +543,9 @@ impl Comm {
     /// ([`cudarc::scope`](super::cudarc::scope)'s) always follows. Where polling cannot be done (a
     /// stream that captures, a query refused), it returns `Ok` and leaves everything to that wait.
     ///
-    /// It spins for [`SPIN_HARD`], then yields its thread between polls until [`SPIN`], then sleeps
-    /// [`PAUSE`] between polls: a step's collectives are seen finished within a poll (a query of
-    /// the stream, tens of nanoseconds to a microsecond), as by the driver's own spinning wait, and
-    /// a peer that hangs costs no core.
+    /// Between two polls it [pauses](pause): a step's collectives are seen finished within a poll
+    /// (a query of the stream, tens of nanoseconds to a microsecond), as by the driver's own
+    /// spinning wait, and a peer that hangs costs no core.
     fn watch(&self) -> Result<(), Error> {
         if self.core.aborted.get() || self.core.bind().is_err() {
             return Ok(());
@@ -599,13 +598,7 @@ impl Comm {
                     return Err(error);
                 }
             }
-            if elapsed < SPIN_HARD {
-                core::hint::spin_loop();
-            } else if elapsed < SPIN {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(PAUSE);
-            }
+            pause(elapsed);
         }
     }
 
@@ -673,6 +666,19 @@ impl Comm {
         })?;
         self.async_error()?;
         Ok(value)
+    }
+}
+
+/// Between two polls of a host-side wait (a scope's end, a non-blocking operation's settling), with
+/// `waited` so far: a spin for [`SPIN_HARD`], then a yield of the thread until [`SPIN`], then a
+/// sleep of [`PAUSE`].
+fn pause(waited: Duration) {
+    if waited < SPIN_HARD {
+        core::hint::spin_loop();
+    } else if waited < SPIN {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(PAUSE);
     }
 }
 

@@ -15,8 +15,9 @@
 //! # What this crate does
 //! Every call on a non-blocking communicator is settled before it returns to the caller:
 //! [`Core::finish`] polls `ncclCommGetAsyncError` until the state is no longer `ncclInProgress`
-//! (yielding the thread for the first 20 ms, then sleeping 100 µs between polls). So a collective
-//! has queued its kernels before the scope can record its end event and wait, a window handle is
+//! (spinning for the first millisecond, yielding the thread until 20 ms, then sleeping 100 µs
+//! between polls, as a scope's end does). So a collective has queued its kernels before the scope
+//! polls its stream and waits, a window handle is
 //! written before it is read, and the next call never meets NCCL's refusal. A group's collectives
 //! are settled at the group's end, for every non-blocking communicator the group used. An error
 //! found while polling, or a poll past the communicator's [timeout](CommOptions::with_timeout),
@@ -35,7 +36,7 @@ use ::cudarc::driver::{CudaContext, CudaStream};
 
 use super::api::{self, Api, IN_PROGRESS, RawComm, RawConfig};
 use super::scope::in_group;
-use super::{Comm, Core, PAUSE, SPIN, TIMEOUT, UniqueId};
+use super::{Comm, Core, TIMEOUT, UniqueId, pause};
 use crate::error::{Error, check as check_driver};
 use crate::sys;
 
@@ -155,15 +156,6 @@ pub(super) fn poll(
             return Ok(Settled::TimedOut);
         }
         pause(waited);
-    }
-}
-
-/// Between two polls: the thread yields during [`SPIN`], then sleeps [`PAUSE`].
-fn pause(waited: Duration) {
-    if waited < SPIN {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(PAUSE);
     }
 }
 
