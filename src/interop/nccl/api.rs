@@ -98,7 +98,7 @@ pub(crate) const WIN_COLL_SYMMETRIC: c_int = 0x01;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueId = unsafe extern "C" fn(*mut RawId) -> c_int;
 type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, RawId, c_int) -> c_int;
-type CommInitRankConfig =
+pub(crate) type CommInitRankConfig =
     unsafe extern "C" fn(*mut RawComm, c_int, RawId, c_int, *mut RawConfig) -> c_int;
 type CommFinalize = unsafe extern "C" fn(RawComm) -> c_int;
 type CommInitAll = unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> c_int;

@@ -159,13 +159,26 @@ pub(super) fn poll(
     }
 }
 
-/// The functions a non-blocking communicator needs besides its creation: the poll, the abort that
-/// stops NCCL's thread, and the teardown.
-fn non_blocking_functions(api: &Api) -> Result<(), Error> {
-    api::function(api.comm_get_async_error, "ncclCommGetAsyncError")?;
-    api::function(api.comm_abort, "ncclCommAbort")?;
-    api::function(api.comm_finalize, "ncclCommFinalize")?;
-    Ok(())
+/// The checks before `ncclCommInitRankConfig`, of [`Comm::from_devices_with`] and
+/// [`Comm::from_rank_with`]: not inside a group ([`MADE_IN_GROUP`]), the loaded NCCL and the
+/// function, and for a non-blocking communicator the functions it needs besides its creation (the
+/// poll, the abort that stops NCCL's thread, and the teardown).
+fn init_config(options: CommOptions) -> Result<(&'static Api, api::CommInitRankConfig), Error> {
+    const CALL: &str = "ncclCommInitRankConfig";
+    if in_group() {
+        return Err(Error::NcclRefused {
+            call: CALL,
+            why: MADE_IN_GROUP,
+        });
+    }
+    let api = api::api(CALL)?;
+    let init = api::function(api.comm_init_rank_config, CALL)?;
+    if !options.blocking {
+        api::function(api.comm_get_async_error, "ncclCommGetAsyncError")?;
+        api::function(api.comm_abort, "ncclCommAbort")?;
+        api::function(api.comm_finalize, "ncclCommFinalize")?;
+    }
+    Ok((api, init))
 }
 
 impl Core {
@@ -351,19 +364,9 @@ impl Comm {
     ) -> Result<Vec<Comm>, Error> {
         const CALL: &str = "ncclCommInitRankConfig";
         let (_, count) = clique(streams)?;
-        if in_group() {
-            return Err(Error::NcclRefused {
-                call: CALL,
-                why: MADE_IN_GROUP,
-            });
-        }
-        let api = api::api(CALL)?;
-        let init = api::function(api.comm_init_rank_config, CALL)?;
+        let (api, init) = init_config(options)?;
         let start = api::function(api.group_start, "ncclGroupStart")?;
         let end = api::function(api.group_end, "ncclGroupEnd")?;
-        if !options.blocking {
-            non_blocking_functions(api)?;
-        }
         let id = UniqueId::new()?;
         let mut config = RawConfig::new(options.blocking);
         let mut raw: Vec<RawComm> = vec![ptr::null_mut(); streams.len()];
@@ -461,17 +464,7 @@ impl Comm {
     ) -> Result<Comm, Error> {
         const CALL: &str = "ncclCommInitRankConfig";
         let (c_rank, c_size) = rank_and_size(rank, size)?;
-        if in_group() {
-            return Err(Error::NcclRefused {
-                call: CALL,
-                why: MADE_IN_GROUP,
-            });
-        }
-        let api = api::api(CALL)?;
-        let init = api::function(api.comm_init_rank_config, CALL)?;
-        if !options.blocking {
-            non_blocking_functions(api)?;
-        }
+        let (_, init) = init_config(options)?;
         bind(stream)?;
         let mut config = RawConfig::new(options.blocking);
         let mut raw: RawComm = ptr::null_mut();
