@@ -74,6 +74,21 @@ fn one_rank(test: &str) -> Option<(Device, Comm)> {
     Some((device, comm))
 }
 
+/// As [`one_rank`], on a device whose memory exports as POSIX file descriptors (what windows
+/// need); skips visibly otherwise.
+fn one_rank_with_posix_fd(test: &str) -> Result<Option<(Device, Comm)>, Error> {
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(None);
+    };
+    if !device.supports_posix_fd_handles()? {
+        skip(&format!(
+            "SKIPPED {test}: the device has no POSIX-fd handles"
+        ));
+        return Ok(None);
+    }
+    Ok(Some((device, comm)))
+}
+
 fn page(device: Device) -> usize {
     allocation_granularity(device, Granularity::Minimum).expect("the granularity")
 }
@@ -264,15 +279,9 @@ fn exportable_mapping(
 
 fn window_registration() -> TestResult {
     let test = "window_registration";
-    let Some((device, mut comm)) = one_rank(test) else {
+    let Some((device, mut comm)) = one_rank_with_posix_fd(test)? else {
         return Ok(());
     };
-    if !device.supports_posix_fd_handles()? {
-        skip(&format!(
-            "SKIPPED {test}: the device has no POSIX-fd handles"
-        ));
-        return Ok(());
-    }
     let page = page(device);
     let mut private = exportable_mapping(device, page, HandleKinds::NONE)?;
     let refused = comm.register_window(&mut private, ..).map(drop);
@@ -382,15 +391,9 @@ fn ten_thousand_registrations_leak_nothing() -> TestResult {
 
 fn window_over_a_virtual_buffer() -> TestResult {
     let test = "window_over_a_virtual_buffer";
-    let Some((device, mut comm)) = one_rank(test) else {
+    let Some((device, mut comm)) = one_rank_with_posix_fd(test)? else {
         return Ok(());
     };
-    if !device.supports_posix_fd_handles()? {
-        skip(&format!(
-            "SKIPPED {test}: the device has no POSIX-fd handles"
-        ));
-        return Ok(());
-    }
     let page = page(device);
     // Refused before NCCL: pages made without a POSIX-fd handle, a hole, a misaligned start.
     let mut private = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
