@@ -356,7 +356,7 @@ impl Context {
     #[doc(alias = "cuCtxSetCurrent")]
     pub fn bind_to_thread(&self) -> Result<()> {
         // SAFETY: `self.as_raw()` is a retained primary context, alive while `self` is.
-        check(unsafe { sys::cuCtxSetCurrent(self.as_raw()) })?;
+        check(unsafe { sys::make_current(self.as_raw()) })?;
         Ok(())
     }
 

@@ -214,6 +214,7 @@ unsafe extern "C" {
     pub(crate) fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
     pub(crate) fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
     pub(crate) fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+    pub(crate) fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
     pub(crate) fn cuCtxSynchronize() -> CUresult;
     pub(crate) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
 
@@ -384,6 +385,23 @@ unsafe extern "C" {
         extra: *mut *mut c_void,
     ) -> CUresult;
 
+}
+
+/// `cuCtxSetCurrent(context)`, skipped where `context` is current on this thread already
+/// (`cuCtxGetCurrent`, a read of the thread's state at about half the cost): what every "make the
+/// context current" of this crate calls, since most find it current. The result is the same either
+/// way: `context` is current when this returns `CUDA_SUCCESS`.
+///
+/// # Safety
+/// `context` is a live context (retained by the caller for the call).
+pub(crate) unsafe fn make_current(context: CUcontext) -> CUresult {
+    let mut current: CUcontext = core::ptr::null_mut();
+    // SAFETY: `current` is writable for the call; the call only reads the thread's state.
+    if unsafe { cuCtxGetCurrent(&raw mut current) } == 0 && current == context {
+        return 0;
+    }
+    // SAFETY: a live context: the caller's guarantee.
+    unsafe { cuCtxSetCurrent(context) }
 }
 
 /// `CUDA_KERNEL_NODE_PARAMS_v2` (CUDA 12.0 and later; not in cuda-driver-sys's 10.2 headers): a kernel

@@ -290,7 +290,7 @@ fn abort(why: core::fmt::Arguments<'_>) -> ! {
 /// (`CUDA_ERROR_DEINITIALIZED`, which runs no more work) is an error; any other failure aborts.
 fn bind(context: sys::CUcontext) -> Result<(), Error> {
     // SAFETY: the caller passes a context it keeps retained for the call.
-    match check(unsafe { sys::cuCtxSetCurrent(context) }) {
+    match check(unsafe { sys::make_current(context) }) {
         Ok(()) => Ok(()),
         Err(error) if error == DriverError::DEINITIALIZED => Err(error.into()),
         Err(error) => abort(format_args!(

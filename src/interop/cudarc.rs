@@ -354,7 +354,7 @@ impl State<'_> {
         let context: sys::CUcontext = self.stream.context().cu_ctx().cast();
         // SAFETY: a context that the stream's `CudaContext` keeps retained, and the stream is
         // borrowed for the whole scope.
-        check(unsafe { sys::cuCtxSetCurrent(context) })
+        check(unsafe { sys::make_current(context) })
     }
 
     fn raw_stream(&self) -> sys::CUstream {

@@ -245,7 +245,7 @@ impl Core {
     fn bind(&self) -> Result<(), Error> {
         let context: sys::CUcontext = self.context.cu_ctx().cast();
         // SAFETY: a primary context that `self.context` keeps retained.
-        check_driver(unsafe { sys::cuCtxSetCurrent(context) })?;
+        check_driver(unsafe { sys::make_current(context) })?;
         Ok(())
     }
 
@@ -382,10 +382,8 @@ impl Comm {
         let (c_rank, c_size) = nonblocking::rank_and_size(rank, size)?;
         let api = api::api("ncclCommInitRank")?;
         let init = api::function(api.comm_init_rank, "ncclCommInitRank")?;
-        let context: sys::CUcontext = stream.context().cu_ctx().cast();
-        // SAFETY: the stream's context, kept retained by its `CudaContext`. NCCL makes the
-        // communicator on the current device.
-        check_driver(unsafe { sys::cuCtxSetCurrent(context) })?;
+        // NCCL makes the communicator on the current device.
+        nonblocking::bind(stream)?;
         let mut raw: RawComm = ptr::null_mut();
         // SAFETY: `raw` is writable for the call; the id is 128 bytes passed by value.
         let code = unsafe { init(&raw mut raw, c_size, id.raw(), c_rank) };

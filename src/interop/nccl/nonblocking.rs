@@ -315,10 +315,10 @@ pub(super) fn rank_and_size(rank: usize, size: usize) -> Result<(c_int, c_int), 
 }
 
 /// `cuCtxSetCurrent` of the stream's context: NCCL makes a communicator on the current device.
-fn bind(stream: &CudaStream) -> Result<(), Error> {
+pub(super) fn bind(stream: &CudaStream) -> Result<(), Error> {
     let context: sys::CUcontext = stream.context().cu_ctx().cast();
     // SAFETY: the stream's context, kept retained by its `CudaContext`.
-    check_driver(unsafe { sys::cuCtxSetCurrent(context) })?;
+    check_driver(unsafe { sys::make_current(context) })?;
     Ok(())
 }
 
