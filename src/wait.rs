@@ -1,5 +1,6 @@
 //! The one wait that cannot come back early: every path of this crate that must not return while
-//! work may still run waits here. That is both scopes' ends, the ends of
+//! work may still run waits here. That is both scopes' ends (the NCCL scope's by polling,
+//! [`stream_polled`], so that it can give up on a peer that never comes), the ends of
 //! [`ScopedAccess`](crate::vmm::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous
 //! copy and memset, the staged copy, the synchronous launch, and the public `synchronize` methods.
 //!
@@ -94,6 +95,80 @@ pub(crate) fn stream(context: sys::CUcontext, stream: sys::CUstream) -> Result<(
         }
     }
     wait(context, Target::Stream(stream))
+}
+
+/// What the caller of [`stream_polled`] says between two polls of a stream that is still busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Polling {
+    /// Poll again (the caller has paused as long as it wants).
+    Again,
+    /// Stop polling: [`stream`] decides, blocking until the work has finished.
+    Block,
+}
+
+/// Waits until every operation queued on `stream`, a live stream of `context` (or null for its
+/// legacy default stream), has finished, by polling it (`cuStreamQuery`) and calling `between` with the time waited so far
+/// between two polls that find it busy: for a wait that must be able to give up on work that may
+/// never finish (NCCL's, whose peer can vanish), where `between` can stop the work (abort the
+/// communicator) and return why.
+///
+/// A poll that finds the stream idle proves the work finished, as the one wait would, and returns
+/// at once: no `cuStreamSynchronize` follows (measured on an H200: one after a poll that found the
+/// work done costs about 1.3 us, a cost the wait of a 64 MiB collective would pay each time).
+/// Everything else goes to [`stream`], which returns only once the work has finished: a stream
+/// that is capturing (not polled at all), a poll that fails (a capture's refusal, a sticky
+/// error), [`Polling::Block`], and an error of `between`, which this returns after that wait. The
+/// polls run with this thread in `RELAXED` capture mode, so that another thread's capture neither
+/// refuses them nor is invalidated by them (nor is this thread's own, under `Graph::capture`).
+///
+/// # Errors
+/// `between`'s error, after [`stream`]'s wait; else as [`stream`]. In every case the work has
+/// finished when this returns.
+pub(crate) fn stream_polled(
+    context: sys::CUcontext,
+    stream: sys::CUstream,
+    between: &dyn Fn(Duration) -> Result<Polling, Error>,
+) -> Result<(), Error> {
+    let polled = {
+        let _relaxed = Relaxed::enter();
+        bind(context)?;
+        poll(stream, between)
+    };
+    match polled {
+        Ok(true) => Ok(()),
+        Ok(false) => self::stream(context, stream),
+        Err(error) => {
+            // The error is what the caller asked to report; the wait's own error, if any, comes
+            // from the work it stopped.
+            let _ = self::stream(context, stream);
+            Err(error)
+        }
+    }
+}
+
+/// The polls of [`stream_polled`], in the current context: `Ok(true)` once a poll found `stream`
+/// idle, `Ok(false)` where polling cannot decide (the stream captures, a poll failed, `between`
+/// said [`Polling::Block`]), `between`'s error.
+fn poll(
+    stream: sys::CUstream,
+    between: &dyn Fn(Duration) -> Result<Polling, Error>,
+) -> Result<bool, Error> {
+    if !matches!(is_capturing(stream), Ok(false)) {
+        return Ok(false);
+    }
+    let since = Instant::now();
+    loop {
+        // SAFETY: a live stream of the current context (the caller's guarantee; bound by
+        // `stream_polled`); a query only reads the stream's state.
+        match check(unsafe { sys::cuStreamQuery(stream) }) {
+            Ok(()) => return Ok(true),
+            Err(e) if e == DriverError::NOT_READY => {}
+            Err(_) => return Ok(false),
+        }
+        if between(since.elapsed())? == Polling::Block {
+            return Ok(false);
+        }
+    }
 }
 
 thread_local! {

@@ -529,6 +529,63 @@ fn a_scope_past_its_timeout_aborts_the_communicator() -> TestResult {
     Ok(())
 }
 
+/// A scope's end polls its stream and returns on the first poll that finds it idle, with no wait
+/// after it: that poll must be the proof. 200 all-reduces of 256 MiB (about 30 ms, through the
+/// polls' spinning, yielding and sleeping phases), with no timeout: when the scope returns, an
+/// event recorded on the stream is complete at once, and the last copy's bytes are all there.
+fn a_scope_returns_once_its_collectives_finished() -> TestResult {
+    const HALF: usize = 256 << 20;
+    const COPIES: usize = 200;
+    let test = "a_scope_returns_once_its_collectives_finished";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, HALF)?;
+    buffer.grow(device, HALF)?;
+    let n = HALF / 4;
+    let data = floats(n, 7);
+    buffer
+        .slice_bytes_mut::<f32>(..HALF)?
+        .copy_from_host(&data)?;
+    buffer
+        .slice_bytes_mut::<f32>(HALF..2 * HALF)?
+        .copy_from_host(&vec![-1.0; n])?;
+    let started = std::time::Instant::now();
+    {
+        let view = buffer.slice_bytes_mut::<f32>(..2 * HALF)?;
+        let (send, mut recv) = view.split_at_mut(n)?;
+        comm.scope(|s| -> Result<(), Error> {
+            let send = s.lend(&send)?;
+            let mut recv = s.lend_mut(&mut recv)?;
+            for _ in 0..COPIES {
+                s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })?;
+    }
+    let took = started.elapsed();
+    let after = comm.stream().record_event(None)?;
+    assert!(
+        after.try_is_complete()?,
+        "{test}: the stream still ran work when the scope returned (after {took:?})"
+    );
+    assert!(
+        took.as_millis() >= 5,
+        "{test}: {COPIES} copies of 256 MiB cannot end in {took:?}"
+    );
+    let mut back = vec![0f32; n];
+    buffer
+        .slice_bytes::<f32>(HALF..2 * HALF)?
+        .copy_to_host(&mut back)?;
+    assert!(
+        back == data,
+        "{test}: the reduced bytes differ from the sent ones"
+    );
+    println!("{test}: {COPIES} all-reduces of 256 MiB waited for in {took:?}");
+    Ok(())
+}
+
 /// Non-blocking, with a generous timeout that must not fire.
 fn non_blocking() -> CommOptions {
     CommOptions::new()
@@ -877,7 +934,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 16] = [
+    let tests: [Test; 17] = [
         ("nccl_loads_or_says_why", nccl_loads_or_says_why),
         (
             "single_rank_all_reduce_registered_and_not",
@@ -901,6 +958,10 @@ fn main() -> ExitCode {
         (
             "a_scope_past_its_timeout_aborts_the_communicator",
             a_scope_past_its_timeout_aborts_the_communicator,
+        ),
+        (
+            "a_scope_returns_once_its_collectives_finished",
+            a_scope_returns_once_its_collectives_finished,
         ),
         (
             "a_peer_that_never_joins_ends_in_an_error",

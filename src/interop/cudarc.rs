@@ -111,6 +111,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU8, Ordering};
+use core::time::Duration;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ::cudarc::driver::{
@@ -183,10 +184,39 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R, E>,
     E: From<Error>,
 {
+    run(stream, None, f)
+}
+
+/// [`scope`], ending in a wait that polls the stream ([`wait::stream_polled`]) and calls `between`
+/// between two polls that find it busy: the end of the NCCL scope, which can stop the work
+/// (`ncclCommAbort`) of a peer that never comes.
+#[cfg(feature = "nccl")]
+pub(crate) fn scope_polled<'env, F, R, E>(
+    stream: &'env Arc<CudaStream>,
+    between: &dyn Fn(Duration) -> Result<wait::Polling, Error>,
+    f: F,
+) -> Result<R, E>
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R, E>,
+    E: From<Error>,
+{
+    run(stream, Some(between), f)
+}
+
+/// The scope of [`scope`] and [`scope_polled`] (with `between`).
+fn run<'env, F, R, E>(
+    stream: &'env Arc<CudaStream>,
+    between: Option<&dyn Fn(Duration) -> Result<wait::Polling, Error>>,
+    f: F,
+) -> Result<R, E>
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R, E>,
+    E: From<Error>,
+{
     let scope = Scope::enter(stream)?;
     // The wait is in `wait::after`'s frame, on return and while a panic of `f` unwinds, before any
     // borrow lent to the scope ends.
-    let (result, waited) = wait::after(|| f(&scope), &|| scope.state.wait());
+    let (result, waited) = wait::after(|| f(&scope), &|| scope.state.wait(between));
     if let Some(refusal) = scope.state.take_refusal() {
         return Err(refusal.into());
     }
@@ -364,10 +394,19 @@ impl State<'_> {
     /// `cuStreamSynchronize` of the scope's stream, through the wait that holds under stream
     /// capture: it ends a capture begun on the scope's stream (and returns
     /// [`Error::StreamCapturing`] then), and returns only once the work has finished.
-    fn wait(&self) -> Result<(), Error> {
+    /// With `between`, the wait polls the stream and calls it between two polls
+    /// ([`wait::stream_polled`]).
+    fn wait(
+        &self,
+        between: Option<&dyn Fn(Duration) -> Result<wait::Polling, Error>>,
+    ) -> Result<(), Error> {
         // The stream is alive for the whole scope (the `CudaStream` is borrowed for it), in a
         // context its `CudaContext` keeps retained.
-        wait::stream(self.stream.context().cu_ctx().cast(), self.raw_stream())
+        let context = self.stream.context().cu_ctx().cast();
+        match between {
+            None => wait::stream(context, self.raw_stream()),
+            Some(between) => wait::stream_polled(context, self.raw_stream(), between),
+        }
     }
 
     /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`).

@@ -92,14 +92,17 @@
 //! nothing for a peer rank that never joins a collective: its kernels wait for it. So the end of
 //! [`Comm::scope`] does not block blindly: it polls the stream (`cuStreamQuery`) until it is idle,
 //! and the asynchronous error every 100 µs meanwhile (spinning for the first millisecond, then
-//! yielding its thread until 20 ms, then sleeping 100 µs between polls). On an asynchronous error, or once the communicator's
-//! [timeout](Comm::set_timeout) has passed, it aborts the communicator (`ncclCommAbort`, which
-//! makes its kernels exit), and then still waits for the stream through the crate's one wait
-//! ([`crate::scope`]'s, which aborts the process where it cannot prove the work finished) before
-//! it returns the error: no scope returns while work that uses its views can run. Where the
-//! kernels did not exit, that wait does not return either. An aborted communicator refuses every
-//! later call with [`Error::NcclRefused`] ([`Comm::is_aborted`]); its registrations and windows are
-//! dropped without a deregister (NCCL freed them).
+//! yielding its thread until 20 ms, then sleeping 100 µs between polls). A poll that finds the
+//! stream idle proves the work finished, and the scope returns: no `cuStreamSynchronize` follows.
+//! On an asynchronous error, or once the communicator's [timeout](Comm::set_timeout) has passed,
+//! it aborts the communicator (`ncclCommAbort`, which makes its kernels exit), and then still
+//! waits for the stream through the crate's one wait ([`crate::scope`]'s, which aborts the process
+//! where it cannot prove the work finished) before it returns the error: no scope returns while
+//! work that uses its views can run. Where the kernels did not exit, that wait does not return
+//! either. A stream that captures a graph, or a poll the driver refuses, goes to that wait too.
+//! An aborted communicator refuses every later call with [`Error::NcclRefused`]
+//! ([`Comm::is_aborted`]); its registrations and windows are dropped without a deregister (NCCL
+//! freed them).
 //!
 //! # Non-blocking communicators
 //! [`Comm::from_devices_with`] and [`Comm::from_rank_with`] take [`CommOptions`]
@@ -118,7 +121,7 @@ use core::marker::PhantomData;
 use core::ptr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ::cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use bytemuck::Pod;
@@ -128,7 +131,8 @@ use super::cudarc::{Lent, LentMut};
 use crate::VirtualBuffer;
 use crate::device::Device;
 use crate::error::{Error, check as check_driver};
-use crate::{sys, wait};
+use crate::sys;
+use crate::wait::Polling;
 
 mod api;
 mod id;
@@ -534,77 +538,56 @@ impl Comm {
         self.core.abort()
     }
 
-    /// The end of a scope, before its wait: until the stream is idle (`cuStreamQuery`), polls
-    /// `ncclCommGetAsyncError` too, every [`CHECK_EVERY`] from the first such interval on. On an asynchronous error, or once the
-    /// [timeout](Comm::set_timeout) has passed, aborts the communicator (its kernels exit) and
-    /// returns the error. This proves nothing finished: the scope's one wait
-    /// ([`cudarc::scope`](super::cudarc::scope)'s) always follows. Where polling cannot be done (a
-    /// stream that captures, a query refused), it returns `Ok` and leaves everything to that wait.
-    ///
-    /// Between two polls it [pauses](pause): a step's collectives are seen finished within a poll
-    /// (a query of the stream, tens of nanoseconds to a microsecond), as by the driver's own
-    /// spinning wait, and a peer that hangs costs no core.
-    fn watch(&self) -> Result<(), Error> {
-        if self.core.aborted.get() || self.core.bind().is_err() {
-            return Ok(());
-        }
-        let stream: sys::CUstream = self.stream.cu_stream().cast();
-        let mut capturing: core::ffi::c_uint = 0;
-        // SAFETY: a live stream of the current context (bound above); `capturing` is writable.
-        let status = unsafe { sys::cuStreamIsCapturing(stream, &raw mut capturing) };
-        if check_driver(status).is_err() || capturing != sys::CU_STREAM_CAPTURE_STATUS_NONE {
-            // A query would be refused by the capture (and could invalidate it): the wait decides.
-            return Ok(());
-        }
-        let since = Instant::now();
-        // The first check comes after one interval: an error of work that ends sooner is read by
-        // the check after the wait (`Comm::scope`), at no cost to the polls.
-        let mut next_check = CHECK_EVERY;
-        loop {
-            // SAFETY: a live stream of the current context (bound above); a query only reads its
-            // state.
-            match check_driver(unsafe { sys::cuStreamQuery(stream) }) {
-                Err(e) if e == crate::DriverError::NOT_READY => {}
-                // Idle; or refused or failed, which the wait that follows decides.
-                Ok(()) | Err(_) => return Ok(()),
+    /// Between two polls of a scope's end that find the stream busy, `waited` into the wait:
+    /// every [`CHECK_EVERY`] from the first such interval on (`next_check`), asks NCCL for an
+    /// asynchronous error and checks the [timeout](Comm::set_timeout); on either, aborts the
+    /// communicator (its kernels exit) and returns the error, which the wait returns once the
+    /// stream has finished ([`crate::wait::stream_polled`]). Otherwise [pauses](pause): a step's
+    /// collectives are seen finished within a poll (a query of the stream, about 0.3 us), as by
+    /// the driver's own spinning wait, and a peer that hangs costs no core. Where NCCL cannot be
+    /// asked (an aborted communicator, a missing function), the wait blocks instead.
+    fn between_polls(
+        &self,
+        waited: Duration,
+        next_check: &Cell<Duration>,
+    ) -> Result<Polling, Error> {
+        if waited >= next_check.get() {
+            next_check.set(waited.saturating_add(CHECK_EVERY));
+            let failed = match self.async_code() {
+                Ok(0 | api::IN_PROGRESS) => None,
+                Ok(code) => Some(Error::Nccl {
+                    call: "ncclCommGetAsyncError",
+                    code,
+                }),
+                // Nothing to poll: the wait blocks.
+                Err(_) => return Ok(Polling::Block),
+            };
+            let failed = failed.or_else(|| {
+                self.timeout()
+                    .filter(|&t| waited >= t)
+                    .map(|_| Error::Nccl {
+                        call: "Comm::scope's wait (past the communicator's timeout, so it \
+                               aborted the communicator)",
+                        code: TIMEOUT,
+                    })
+            });
+            if let Some(error) = failed {
+                // An abort that fails leaves the kernels as they are: the wait then waits for
+                // them, and returns only once they have finished.
+                let _ = self.core.abort();
+                return Err(error);
             }
-            let elapsed = since.elapsed();
-            if elapsed >= next_check {
-                next_check = elapsed.saturating_add(CHECK_EVERY);
-                let failed = match self.async_code() {
-                    Ok(0 | api::IN_PROGRESS) => None,
-                    Ok(code) => Some(Error::Nccl {
-                        call: "ncclCommGetAsyncError",
-                        code,
-                    }),
-                    // Unavailable: nothing to poll; the wait follows.
-                    Err(_) => return Ok(()),
-                };
-                let failed = failed.or_else(|| {
-                    self.timeout()
-                        .filter(|&t| elapsed >= t)
-                        .map(|_| Error::Nccl {
-                            call: "Comm::scope's wait (past the communicator's timeout, so it \
-                                   aborted the communicator)",
-                            code: TIMEOUT,
-                        })
-                });
-                if let Some(error) = failed {
-                    // An abort that fails leaves the kernels as they are: the scope's wait then
-                    // waits for them, and returns only once they have finished.
-                    let _ = self.core.abort();
-                    return Err(error);
-                }
-            }
-            pause(elapsed);
         }
+        pause(waited);
+        Ok(Polling::Again)
     }
 
     /// [`cudarc::scope`](super::cudarc::scope) on the communicator's stream: lend views with
     /// [`CommScope::lend`] and [`CommScope::lend_mut`] and queue collectives on them; when `f`
     /// returns or panics, the scope polls the stream's work and the communicator's asynchronous
-    /// error, aborts the communicator on an error or past its [timeout](Comm::set_timeout), and
-    /// waits for the stream in every case (see [Asynchronous errors](self#asynchronous-errors-hangs-and-aborts)).
+    /// error until the stream is idle, aborts the communicator on an error or past its
+    /// [timeout](Comm::set_timeout), and waits for the stream then (see
+    /// [Asynchronous errors](self#asynchronous-errors-hangs-and-aborts)).
     ///
     /// # Errors
     /// Before `f` runs: [`Error::StreamRefused`] inside a [`group`] (the group would launch the
@@ -649,18 +632,18 @@ impl Comm {
             }
             .into());
         }
-        let value = super::cudarc::scope(&self.stream, |inner| -> Result<R, E> {
-            let scope = CommScope {
+        // The first check comes after one interval: an error of work that ends sooner is read by
+        // the check after the wait, at no cost to the polls.
+        let next_check = Cell::new(CHECK_EVERY);
+        let between = |waited| self.between_polls(waited, &next_check);
+        // The cudarc scope's wait polls the stream, on return and while a panic of `f` unwinds,
+        // before any lent borrow ends.
+        let value = super::cudarc::scope_polled(&self.stream, &between, |inner| -> Result<R, E> {
+            f(&CommScope {
                 inner,
                 comm: self,
                 _env: PhantomData,
-            };
-            // Watched on return and while a panic of `f` unwinds; the cudarc scope's one wait
-            // follows in both cases, before any lent borrow ends.
-            let (value, watched) = wait::after(|| f(&scope), &|| self.watch());
-            let value = value?;
-            watched?;
-            Ok(value)
+            })
         })?;
         self.async_error()?;
         Ok(value)
