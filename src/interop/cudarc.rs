@@ -112,7 +112,7 @@ use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU8, Ordering};
 use core::time::Duration;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ::cudarc::driver::{
     CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice as CudarcSlice, LaunchArgs,
@@ -245,8 +245,9 @@ struct State<'scope> {
     /// default stream of the scope's context, a `CudaStream` value of its own. cudarc's copy between
     /// two contexts asks a source for its address *with this stream*, and then reads on another;
     /// being a different value from [`State::stream`], it is refused. It owns nothing: dropping it,
-    /// or a clone that cudarc's user kept, destroys no stream.
-    marker: Arc<CudaStream>,
+    /// or a clone that cudarc's user kept, destroys no stream. Made when first asked for (most
+    /// scopes, the NCCL scope's among them, never are), which saves an allocation per scope.
+    marker: OnceLock<Arc<CudaStream>>,
     device: Device,
     /// The first refusal of a lent view, returned by [`scope`].
     refused: Mutex<Option<Error>>,
@@ -283,7 +284,7 @@ impl<'env> Scope<'_, 'env> {
         same_driver(device, context.cu_ctx().addr())?;
         let state = State {
             stream,
-            marker: context.default_stream(),
+            marker: OnceLock::new(),
             device,
             refused: Mutex::new(None),
             _scope: PhantomData,
@@ -385,6 +386,12 @@ impl State<'_> {
         // SAFETY: a context that the stream's `CudaContext` keeps retained, and the stream is
         // borrowed for the whole scope.
         check(unsafe { sys::make_current(context) })
+    }
+
+    /// [`State::marker`], made on the first call.
+    fn marker(&self) -> &Arc<CudaStream> {
+        self.marker
+            .get_or_init(|| self.stream.context().default_stream())
     }
 
     fn raw_stream(&self) -> sys::CUstream {
@@ -577,7 +584,7 @@ impl<T: Pod> CudarcSlice<T> for Lent<'_, T> {
     /// The legacy default stream of the scope's context, which cudarc asks for the view's context:
     /// not the scope's stream, and refused the view's address. Queue work on [`Scope::stream`].
     fn stream(&self) -> &Arc<CudaStream> {
-        &self.state.marker
+        self.state.marker()
     }
 }
 
@@ -589,7 +596,7 @@ impl<T: Pod> CudarcSlice<T> for LentMut<'_, T> {
     /// The legacy default stream of the scope's context, which cudarc asks for the view's context:
     /// not the scope's stream, and refused the view's address. Queue work on [`Scope::stream`].
     fn stream(&self) -> &Arc<CudaStream> {
-        &self.state.marker
+        self.state.marker()
     }
 }
 
