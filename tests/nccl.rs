@@ -586,6 +586,122 @@ fn a_scope_returns_once_its_collectives_finished() -> TestResult {
     Ok(())
 }
 
+/// `copies` single-rank all-reduces of 256 MiB queued in `comm`'s scope, then `at_end` inside the
+/// scope; the scope's result.
+fn copies_then(
+    comm: &Comm,
+    buffer: &mut VirtualBuffer,
+    copies: usize,
+    at_end: impl FnOnce() -> TestResult,
+) -> TestResult<TestResult> {
+    const HALF: usize = 256 << 20;
+    let view = buffer.slice_bytes_mut::<f32>(..2 * HALF)?;
+    let (send, mut recv) = view.split_at_mut(HALF / 4)?;
+    Ok(comm.scope(|s| -> TestResult {
+        let send = s.lend(&send)?;
+        let mut recv = s.lend_mut(&mut recv)?;
+        for _ in 0..copies {
+            s.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+        }
+        at_end()
+    }))
+}
+
+/// Whether `comm`'s stream still runs work: an event recorded on it now is not complete at once.
+fn busy(comm: &Comm) -> TestResult<bool> {
+    Ok(!comm.stream().record_event(None)?.try_is_complete()?)
+}
+
+/// A scope whose stream is capturing a graph when its closure returns is not polled (a query
+/// would be refused): the one wait ends the capture, destroys its graph, waits for the 100
+/// all-reduces queued before it, and the scope returns `Error::StreamCapturing`. The communicator
+/// is not aborted, and its next scope runs.
+fn a_capture_at_a_scope_end_is_ended_and_waited_for() -> TestResult {
+    let test = "a_capture_at_a_scope_end_is_ended_and_waited_for";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, 512 << 20)?;
+    let stream = Arc::clone(comm.stream());
+    let result = copies_then(&comm, &mut buffer, 100, || {
+        stream.begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )?;
+        Ok(())
+    })?;
+    assert!(
+        !busy(&comm)?,
+        "{test}: the stream still ran work when the scope returned"
+    );
+    let refusal = result.expect_err("the scope reports the capture");
+    assert!(
+        matches!(
+            refusal.downcast_ref::<Error>(),
+            Some(Error::StreamCapturing { .. })
+        ),
+        "{test}: {refusal}"
+    );
+    assert!(!comm.is_aborted(), "{test}: the communicator was aborted");
+    copies_then(&comm, &mut buffer, 1, || Ok(()))??;
+    assert!(
+        !busy(&comm)?,
+        "{test}: the next scope returned with work running"
+    );
+    Ok(())
+}
+
+/// While another thread captures a graph in `GLOBAL` mode (CUDA's default), a scope's end polls
+/// its stream in `RELAXED` mode: the polls are not refused (the scope returns `Ok`, once the 100
+/// all-reduces have finished), and the other thread's capture is not invalidated (its end gives
+/// a graph).
+fn another_threads_capture_survives_a_scope_end() -> TestResult {
+    let test = "another_threads_capture_survives_a_scope_end";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    buffer.grow(device, 512 << 20)?;
+    let context = Arc::clone(comm.stream().context());
+    let (began, began_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (end, end_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || -> Result<(), String> {
+        let stream = context.new_stream().map_err(|e| e.to_string())?;
+        let captured = stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .map_err(|e| e.to_string());
+        let _ = began.send(captured.clone());
+        captured?;
+        let _ = end_rx.recv();
+        stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map(|_| ())
+            .map_err(|e| format!("the capture ended in {e}"))
+    });
+    let result = copies_then(&comm, &mut buffer, 100, || {
+        // The other thread captures from here until the scope has returned.
+        began_rx
+            .recv()?
+            .map_err(|e| format!("begin_capture: {e}"))?;
+        Ok(())
+    });
+    // Nothing else of this thread's runs in GLOBAL mode before the capture ends (creating the
+    // event below would be refused, and would invalidate it).
+    let _ = end.send(());
+    let captured = other.join().map_err(|_| "the capturing thread panicked")?;
+    result??;
+    // The queue was about 13 ms long; ending the other capture took microseconds.
+    assert!(
+        !busy(&comm)?,
+        "{test}: the stream still ran work when the scope returned"
+    );
+    assert!(
+        captured.is_ok(),
+        "{test}: the other thread's capture: {captured:?}"
+    );
+    Ok(())
+}
+
 /// Non-blocking, with a generous timeout that must not fire.
 fn non_blocking() -> CommOptions {
     CommOptions::new()
@@ -921,6 +1037,13 @@ fn child() -> TestResult {
     one_rank_of_two(&ctx.new_stream()?, Device::get(1)?, 1, &id)
 }
 
+/// `[(name, function), ...]` of test functions, each named by its own identifier.
+macro_rules! named {
+    ($($test:ident),* $(,)?) => {
+        [$((stringify!($test), $test as fn() -> TestResult)),*]
+    };
+}
+
 fn main() -> ExitCode {
     // SAFETY: the first statement of `main`: no other thread of this process runs yet, and nothing
     // has read the environment concurrently.
@@ -934,60 +1057,26 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 17] = [
-        ("nccl_loads_or_says_why", nccl_loads_or_says_why),
-        (
-            "single_rank_all_reduce_registered_and_not",
-            single_rank_all_reduce_registered_and_not,
-        ),
-        (
-            "all_four_collectives_on_one_rank",
-            all_four_collectives_on_one_rank,
-        ),
-        ("registration_refusals", registration_refusals),
-        ("window_registration", window_registration),
-        (
-            "registration_dropped_before_and_after_other_users",
-            registration_dropped_before_and_after_other_users,
-        ),
-        (
-            "ten_thousand_registrations_leak_nothing",
-            ten_thousand_registrations_leak_nothing,
-        ),
-        ("window_over_a_virtual_buffer", window_over_a_virtual_buffer),
-        (
-            "a_scope_past_its_timeout_aborts_the_communicator",
-            a_scope_past_its_timeout_aborts_the_communicator,
-        ),
-        (
-            "a_scope_returns_once_its_collectives_finished",
-            a_scope_returns_once_its_collectives_finished,
-        ),
-        (
-            "a_peer_that_never_joins_ends_in_an_error",
-            a_peer_that_never_joins_ends_in_an_error,
-        ),
-        (
-            "non_blocking_single_rank_all_reduces_registers_and_tears_down",
-            non_blocking_single_rank_all_reduces_registers_and_tears_down,
-        ),
-        (
-            "a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout",
-            a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout,
-        ),
-        (
-            "two_gpus_non_blocking_in_one_process",
-            two_gpus_non_blocking_in_one_process,
-        ),
-        (
-            "two_non_blocking_ranks_in_two_threads",
-            two_non_blocking_ranks_in_two_threads,
-        ),
-        ("two_gpus_in_one_process", two_gpus_in_one_process),
-        (
-            "two_processes_with_a_unique_id",
-            two_processes_with_a_unique_id,
-        ),
+    let tests: [Test; 19] = named![
+        nccl_loads_or_says_why,
+        single_rank_all_reduce_registered_and_not,
+        all_four_collectives_on_one_rank,
+        registration_refusals,
+        window_registration,
+        registration_dropped_before_and_after_other_users,
+        ten_thousand_registrations_leak_nothing,
+        window_over_a_virtual_buffer,
+        a_scope_past_its_timeout_aborts_the_communicator,
+        a_scope_returns_once_its_collectives_finished,
+        a_capture_at_a_scope_end_is_ended_and_waited_for,
+        another_threads_capture_survives_a_scope_end,
+        a_peer_that_never_joins_ends_in_an_error,
+        non_blocking_single_rank_all_reduces_registers_and_tears_down,
+        a_non_blocking_creation_whose_peer_never_joins_ends_at_its_timeout,
+        two_gpus_non_blocking_in_one_process,
+        two_non_blocking_ranks_in_two_threads,
+        two_gpus_in_one_process,
+        two_processes_with_a_unique_id,
     ];
     let filter: Vec<String> = std::env::args()
         .skip(1)
