@@ -98,6 +98,7 @@ pub(crate) fn stream(context: sys::CUcontext, stream: sys::CUstream) -> Result<(
 }
 
 /// What the caller of [`stream_polled`] says between two polls of a stream that is still busy.
+#[cfg(feature = "nccl")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Polling {
     /// Poll again (the caller has paused as long as it wants).
@@ -124,6 +125,7 @@ pub(crate) enum Polling {
 /// # Errors
 /// `between`'s error, after [`stream`]'s wait; else as [`stream`]. In every case the work has
 /// finished when this returns.
+#[cfg(feature = "nccl")]
 pub(crate) fn stream_polled(
     context: sys::CUcontext,
     stream: sys::CUstream,
@@ -149,6 +151,7 @@ pub(crate) fn stream_polled(
 /// The polls of [`stream_polled`], in the current context: `Ok(true)` once a poll found `stream`
 /// idle, `Ok(false)` where polling cannot decide (the stream captures, a poll failed, `between`
 /// said [`Polling::Block`]), `between`'s error.
+#[cfg(feature = "nccl")]
 fn poll(
     stream: sys::CUstream,
     between: &dyn Fn(Duration) -> Result<Polling, Error>,

@@ -111,6 +111,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU8, Ordering};
+#[cfg(feature = "nccl")]
 use core::time::Duration;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -184,7 +185,7 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R, E>,
     E: From<Error>,
 {
-    run(stream, None, f)
+    run(stream, &|state| state.wait(), f)
 }
 
 /// [`scope`], ending in a wait that polls the stream ([`wait::stream_polled`]) and calls `between`
@@ -200,13 +201,13 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R, E>,
     E: From<Error>,
 {
-    run(stream, Some(between), f)
+    run(stream, &|state| state.wait_polled(between), f)
 }
 
-/// The scope of [`scope`] and [`scope_polled`] (with `between`).
+/// The scope of [`scope`] and [`scope_polled`], ending in `end`'s wait for the stream.
 fn run<'env, F, R, E>(
     stream: &'env Arc<CudaStream>,
-    between: Option<&dyn Fn(Duration) -> Result<wait::Polling, Error>>,
+    end: &dyn Fn(&State<'_>) -> Result<(), Error>,
     f: F,
 ) -> Result<R, E>
 where
@@ -216,7 +217,7 @@ where
     let scope = Scope::enter(stream)?;
     // The wait is in `wait::after`'s frame, on return and while a panic of `f` unwinds, before any
     // borrow lent to the scope ends.
-    let (result, waited) = wait::after(|| f(&scope), &|| scope.state.wait(between));
+    let (result, waited) = wait::after(|| f(&scope), &|| end(&scope.state));
     if let Some(refusal) = scope.state.take_refusal() {
         return Err(refusal.into());
     }
@@ -401,19 +402,25 @@ impl State<'_> {
     /// `cuStreamSynchronize` of the scope's stream, through the wait that holds under stream
     /// capture: it ends a capture begun on the scope's stream (and returns
     /// [`Error::StreamCapturing`] then), and returns only once the work has finished.
-    /// With `between`, the wait polls the stream and calls it between two polls
-    /// ([`wait::stream_polled`]).
-    fn wait(
-        &self,
-        between: Option<&dyn Fn(Duration) -> Result<wait::Polling, Error>>,
-    ) -> Result<(), Error> {
+    fn wait(&self) -> Result<(), Error> {
         // The stream is alive for the whole scope (the `CudaStream` is borrowed for it), in a
         // context its `CudaContext` keeps retained.
-        let context = self.stream.context().cu_ctx().cast();
-        match between {
-            None => wait::stream(context, self.raw_stream()),
-            Some(between) => wait::stream_polled(context, self.raw_stream(), between),
-        }
+        wait::stream(self.stream.context().cu_ctx().cast(), self.raw_stream())
+    }
+
+    /// As [`wait`](State::wait), polling the stream and calling `between` between two polls
+    /// ([`wait::stream_polled`]).
+    #[cfg(feature = "nccl")]
+    fn wait_polled(
+        &self,
+        between: &dyn Fn(Duration) -> Result<wait::Polling, Error>,
+    ) -> Result<(), Error> {
+        // As in `wait`.
+        wait::stream_polled(
+            self.stream.context().cu_ctx().cast(),
+            self.raw_stream(),
+            between,
+        )
     }
 
     /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`).
