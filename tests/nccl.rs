@@ -663,10 +663,16 @@ fn another_threads_capture_survives_a_scope_end() -> TestResult {
     let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     buffer.grow(device, 512 << 20)?;
     let context = Arc::clone(comm.stream().context());
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
     let (began, began_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let (end, end_rx) = std::sync::mpsc::channel::<()>();
     let other = std::thread::spawn(move || -> Result<(), String> {
         let stream = context.new_stream().map_err(|e| e.to_string())?;
+        // Only once this thread's collectives are queued: NCCL's own calls while they are
+        // queued are not this test's subject.
+        go_rx
+            .recv()
+            .map_err(|_| "the scope never queued its collectives")?;
         let captured = stream
             .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
             .map_err(|e| e.to_string());
@@ -678,8 +684,9 @@ fn another_threads_capture_survives_a_scope_end() -> TestResult {
             .map(|_| ())
             .map_err(|e| format!("the capture ended in {e}"))
     });
-    let result = copies_then(&comm, &mut buffer, 100, || {
+    let result = copies_then(&comm, &mut buffer, 100, move || {
         // The other thread captures from here until the scope has returned.
+        go.send(())?;
         began_rx
             .recv()?
             .map_err(|e| format!("begin_capture: {e}"))?;
