@@ -108,20 +108,16 @@ impl Comm {
                 what: "registered bytes",
             });
         }
-        let view = buffer.slice_bytes::<u8>(start..end)?;
-        if !view.reachable_from(self.device) {
-            return Err(Error::NoPeerAccess {
-                device: self.device.as_raw(),
-                owner: view.device().as_raw(),
-            });
-        }
+        // Every byte mapped and granted, and the communicator's device in the access set: checked
+        // as for a view, without the buffer's lock (the borrow is exclusive).
+        let ptr = buffer.registrable(start, end, self.device)?;
         let api = api::api("ncclCommRegister")?;
         let register = api::function(api.comm_register, "ncclCommRegister")?;
         // Checked now, so that a registration is never made that could not be undone.
         api::function(api.comm_deregister, "ncclCommDeregister")?;
         self.core.live("ncclCommRegister")?;
         let mut handle: *mut c_void = ptr::null_mut();
-        // SAFETY: the bytes `[ptr, ptr + len)` are mapped and granted to the communicator's device
+        // SAFETY: the bytes `[ptr, ptr + end - start)` are mapped and granted to the communicator's device
         // (checked), and stay so while the registration lives: it borrows the buffer exclusively and
         // lends on no operation that unmaps or regrants; `handle` is writable for the call, and
         // NCCL writes it before returning (`ncclCommRegister` launches nothing in its own thread,
@@ -129,8 +125,8 @@ impl Comm {
         let code = unsafe {
             register(
                 self.core.raw,
-                view.as_raw_ptr() as *mut c_void,
-                view.len(),
+                ptr as *mut c_void,
+                end - start,
                 &raw mut handle,
             )
         };

@@ -27,6 +27,29 @@ impl<M: AccessMode> VirtualBuffer<M> {
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
+    /// For a registration with a communicator on `device`, which holds the buffer exclusively: the
+    /// address of the bytes `[start, end)` (counted from the base, inside the budget: the caller's
+    /// check), checked as for a view (every byte on a mapped, granted page, none evicted), then
+    /// `device` in the access set. Through `&mut self`, so that no lock is taken.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn registrable(
+        &mut self,
+        start: usize,
+        end: usize,
+        device: Device,
+    ) -> Result<u64, Error> {
+        let table = self.table_mut();
+        check_not_evicted(&table.evicted, start, end)?;
+        check_covered(&table.pages, start, end)?;
+        if self.context_of(device).is_err() {
+            return Err(Error::NoPeerAccess {
+                device: device.as_raw(),
+                owner: self.first_context()?.device().as_raw(),
+            });
+        }
+        Ok(self.base.wrapping_add(start as u64))
+    }
+
     /// For the rebind of a parked graph: `Ok(false)` where the device addresses `[start, end)` are
     /// not all inside the reservation; `Ok(true)` where every byte is on a mapped, granted page
     /// that is neither evicted nor retired, and `device` is in the access set; otherwise the error
