@@ -108,14 +108,14 @@ pub(crate) enum Polling {
 }
 
 /// Waits until every operation queued on `stream`, a live stream of `context` (or null for its
-/// legacy default stream), has finished, by polling it (`cuStreamQuery`) and calling `between` with the time waited so far
-/// between two polls that find it busy: for a wait that must be able to give up on work that may
-/// never finish (NCCL's, whose peer can vanish), where `between` can stop the work (abort the
-/// communicator) and return why.
+/// legacy default stream), has finished, by polling it (`cuStreamQuery`) and calling `between`
+/// with the time waited so far between two polls that find it busy: for a wait that must be able
+/// to give up on work that may never finish (NCCL's, whose peer can vanish), where `between` can
+/// stop the work (abort the communicator) and return why.
 ///
 /// A poll that finds the stream idle proves the work finished, as the one wait would, and returns
 /// at once: no `cuStreamSynchronize` follows (measured on an H200: one after a poll that found the
-/// work done costs about 1.3 us, a cost the wait of a 64 MiB collective would pay each time).
+/// work done costs about 1.3 µs, a cost the wait of a 64 MiB collective would pay each time).
 /// Everything else goes to [`stream`], which returns only once the work has finished: a stream
 /// that is capturing (not polled at all), a poll that fails (a capture's refusal, a sticky
 /// error), [`Polling::Block`], and an error of `between`, which this returns after that wait. The

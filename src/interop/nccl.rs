@@ -543,7 +543,7 @@ impl Comm {
     /// asynchronous error and checks the [timeout](Comm::set_timeout); on either, aborts the
     /// communicator (its kernels exit) and returns the error, which the wait returns once the
     /// stream has finished ([`crate::wait::stream_polled`]). Otherwise [pauses](pause): a step's
-    /// collectives are seen finished within a poll (a query of the stream, about 0.3 us), as by
+    /// collectives are seen finished within a poll (a query of the stream, 0.15–0.3 µs), as by
     /// the driver's own spinning wait, and a peer that hangs costs no core. Where NCCL cannot be
     /// asked (an aborted communicator, a missing function), the wait blocks instead.
     fn between_polls(
