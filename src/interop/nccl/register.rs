@@ -117,9 +117,9 @@ impl Comm {
         api::function(api.comm_deregister, "ncclCommDeregister")?;
         self.core.live("ncclCommRegister")?;
         let mut handle: *mut c_void = ptr::null_mut();
-        // SAFETY: the bytes `[ptr, ptr + end - start)` are mapped and granted to the communicator's device
-        // (checked), and stay so while the registration lives: it borrows the buffer exclusively and
-        // lends on no operation that unmaps or regrants; `handle` is writable for the call, and
+        // SAFETY: the bytes `[ptr, ptr + end - start)` are mapped and granted to the communicator's
+        // device (checked), and stay so while the registration lives: it borrows the buffer
+        // exclusively and lends on no operation that unmaps or regrants; `handle` is writable for the call, and
         // NCCL writes it before returning (`ncclCommRegister` launches nothing in its own thread,
         // also on a non-blocking communicator).
         let code = unsafe {
