@@ -119,9 +119,9 @@ impl Comm {
         let mut handle: *mut c_void = ptr::null_mut();
         // SAFETY: the bytes `[ptr, ptr + end - start)` are mapped and granted to the communicator's
         // device (checked), and stay so while the registration lives: it borrows the buffer
-        // exclusively and lends on no operation that unmaps or regrants; `handle` is writable for the call, and
-        // NCCL writes it before returning (`ncclCommRegister` launches nothing in its own thread,
-        // also on a non-blocking communicator).
+        // exclusively and lends on no operation that unmaps or regrants; `handle` is writable for
+        // the call, and NCCL writes it before returning (`ncclCommRegister` launches nothing in its
+        // own thread, also on a non-blocking communicator).
         let code = unsafe {
             register(
                 self.core.raw,
