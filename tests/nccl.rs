@@ -93,6 +93,15 @@ fn page(device: Device) -> usize {
     allocation_granularity(device, Granularity::Minimum).expect("the granularity")
 }
 
+/// A buffer of 1 GiB of address space on `device` alone, grown by one page of each size in `pages`.
+fn grown(device: Device, pages: &[usize]) -> TestResult<VirtualBuffer> {
+    let buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    for &size in pages {
+        buffer.grow(device, size)?;
+    }
+    Ok(buffer)
+}
+
 fn floats(n: usize, seed: u32) -> Vec<f32> {
     pattern(n, seed)
         .into_iter()
@@ -149,9 +158,7 @@ fn single_rank_all_reduce_registered_and_not() -> TestResult {
         return Ok(());
     };
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
-    buffer.grow(device, page)?;
+    let mut buffer = grown(device, &[page, page])?;
     let n = page / 4;
     let input = floats(n, 7);
     // Not registered: first page into the second.
@@ -182,8 +189,7 @@ fn all_four_collectives_on_one_rank() -> TestResult {
         return Ok(());
     };
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
+    let mut buffer = grown(device, &[page])?;
     let n = page / 8;
     let input = floats(n, 11);
     let view = buffer.slice_bytes_mut::<f32>(..page)?;
@@ -239,8 +245,7 @@ fn registration_refusals() -> TestResult {
         return Ok(());
     };
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
+    let mut buffer = grown(device, &[page])?;
     let unmapped = comm.register(&mut buffer, ..2 * page).map(drop);
     assert!(
         matches!(unmapped, Err(Error::PageRange { .. })),
@@ -329,8 +334,7 @@ fn registration_dropped_before_and_after_other_users() -> TestResult {
         return Ok(());
     };
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
+    let mut buffer = grown(device, &[page])?;
     let n = page / 4;
     let input = floats(n, 5);
     // Dropped after its users: a view lent in a scope, and a growth through the registration.
@@ -362,8 +366,7 @@ fn ten_thousand_registrations_leak_nothing() -> TestResult {
     };
     let context = Context::new(device)?;
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, 4 * page)?;
+    let mut buffer = grown(device, &[4 * page])?;
     // One round first: NCCL sets up its registration cache once.
     drop(comm.register(&mut buffer, 0..4 * page)?);
     let (before, _) = context.memory_info()?;
@@ -396,8 +399,7 @@ fn window_over_a_virtual_buffer() -> TestResult {
     };
     let page = page(device);
     // Refused before NCCL: pages made without a POSIX-fd handle, a hole, a misaligned start.
-    let mut private = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    private.grow(device, page)?;
+    let mut private = grown(device, &[page])?;
     let refused = comm.register_window(&mut private, ..page).map(drop);
     assert!(
         matches!(refused, Err(Error::NcclRefused { why, .. }) if why.contains("POSIX")),
@@ -488,9 +490,7 @@ fn a_scope_past_its_timeout_aborts_the_communicator() -> TestResult {
     let Some((device, mut comm)) = one_rank(test) else {
         return Ok(());
     };
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, HALF)?;
-    buffer.grow(device, HALF)?;
+    let mut buffer = grown(device, &[HALF, HALF])?;
     let n = HALF / 4;
     // 1000 single-rank all-reduces of 256 MiB out of place (copies, about 0.15 ms each): far past
     // a 1 ms timeout.
@@ -540,9 +540,7 @@ fn a_scope_returns_once_its_collectives_finished() -> TestResult {
     let Some((device, comm)) = one_rank(test) else {
         return Ok(());
     };
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, HALF)?;
-    buffer.grow(device, HALF)?;
+    let mut buffer = grown(device, &[HALF, HALF])?;
     let n = HALF / 4;
     let data = floats(n, 7);
     buffer
@@ -621,8 +619,7 @@ fn a_capture_at_a_scope_end_is_ended_and_waited_for() -> TestResult {
     let Some((device, comm)) = one_rank(test) else {
         return Ok(());
     };
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, 512 << 20)?;
+    let mut buffer = grown(device, &[512 << 20])?;
     let stream = Arc::clone(comm.stream());
     let result = copies_then(&comm, &mut buffer, 100, || {
         stream.begin_capture(
@@ -660,8 +657,7 @@ fn another_threads_capture_survives_a_scope_end() -> TestResult {
     let Some((device, comm)) = one_rank(test) else {
         return Ok(());
     };
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, 512 << 20)?;
+    let mut buffer = grown(device, &[512 << 20])?;
     let context = Arc::clone(comm.stream().context());
     let (go, go_rx) = std::sync::mpsc::channel::<()>();
     let (began, began_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -724,9 +720,7 @@ fn non_blocking_single_rank_all_reduces_registers_and_tears_down() -> TestResult
     let (device, stream) = gpus.remove(0);
     let context = Context::new(device)?;
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
-    buffer.grow(device, page)?;
+    let mut buffer = grown(device, &[page, page])?;
     // One round first: NCCL sets up its process-wide state (for non-blocking communicators, their
     // registration cache and collectives too) once.
     non_blocking_round(test, &stream, &mut buffer, page)?;
@@ -910,8 +904,7 @@ fn a_peer_that_never_joins_ends_in_an_error() -> TestResult {
     let (device0, stream0) = &gpus[0];
     let mut comm = Comm::from_rank(stream0, 0, 2, &id)?;
     comm.set_timeout(Some(std::time::Duration::from_secs(2)));
-    let mut buffer = VirtualBuffer::new(1 << 30, &[*device0], ReadWrite)?;
-    buffer.grow(*device0, page(*device0))?;
+    let mut buffer = grown(*device0, &[page(*device0)])?;
     let started = std::time::Instant::now();
     let result = {
         let mut view = buffer.slice_bytes_mut::<f32>(..)?;
@@ -956,8 +949,7 @@ fn all_reduce_on_two(test: &str, gpus: &[(Device, Arc<CudaStream>)], comms: &[Co
     let mut buffers = Vec::new();
     for (rank, (device, _)) in gpus.iter().enumerate() {
         let page = page(*device);
-        let mut buffer = VirtualBuffer::new(1 << 30, &[*device], ReadWrite)?;
-        buffer.grow(*device, page)?;
+        let mut buffer = grown(*device, &[page])?;
         buffer
             .slice_bytes_mut::<f32>(..page)?
             .copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
@@ -998,8 +990,7 @@ fn one_rank_of_two(
 /// and reads the sum of both, 3.
 fn all_reduce_as_rank_of_two(comm: &Comm, device: Device, rank: usize) -> TestResult {
     let page = page(device);
-    let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
-    buffer.grow(device, page)?;
+    let mut buffer = grown(device, &[page])?;
     let mut registration = comm.register(&mut buffer, ..)?;
     let mut view = registration.slice_bytes_mut::<f32>(..)?;
     view.copy_from_host(&vec![rank as f32 + 1.0; page / 4])?;
