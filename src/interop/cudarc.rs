@@ -110,7 +110,7 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr;
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 #[cfg(feature = "nccl")]
 use core::time::Duration;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -516,9 +516,20 @@ static NEVER_MAPPED: Mutex<Vec<VirtualReservation>> = Mutex::new(Vec::new());
 /// The smallest never-mapped range: one serves every view up to this size.
 const NEVER_MAPPED_MINIMUM: usize = 1 << 30;
 
+/// The base of the first range of [`NEVER_MAPPED`] (at least [`NEVER_MAPPED_MINIMUM`] bytes), 0
+/// before there is one: read without the lock by every lend of a view that fits it.
+static NEVER_MAPPED_FIRST: AtomicU64 = AtomicU64::new(0);
+
 /// The base of a never-mapped range of at least `bytes`, reserved once per process (and again only
 /// for a larger view).
 fn never_mapped(bytes: usize, device: Device) -> Result<u64, Error> {
+    if bytes <= NEVER_MAPPED_MINIMUM {
+        // Stored only once its range is reserved, which is never freed.
+        let first = NEVER_MAPPED_FIRST.load(Ordering::Acquire);
+        if first != 0 {
+            return Ok(first);
+        }
+    }
     let mut ranges = NEVER_MAPPED.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(range) = ranges.iter().find(|r| r.size() >= bytes) {
         return Ok(range.base());
@@ -528,6 +539,9 @@ fn never_mapped(bytes: usize, device: Device) -> Result<u64, Error> {
         VirtualReservation::new(align_size(bytes.max(NEVER_MAPPED_MINIMUM), granularity)?, 0)?;
     let base = range.base();
     ranges.push(range);
+    if ranges.len() == 1 {
+        NEVER_MAPPED_FIRST.store(base, Ordering::Release);
+    }
     Ok(base)
 }
 
