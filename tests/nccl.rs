@@ -648,6 +648,59 @@ fn a_capture_at_a_scope_end_is_ended_and_waited_for() -> TestResult {
     Ok(())
 }
 
+/// A collective queued while the scope's stream captures a graph gets never-mapped addresses (one
+/// capture check for all of its views): whatever NCCL makes of them, the scope returns
+/// `Error::StreamRefused`, the views' bytes are untouched, and the communicator's next scope
+/// all-reduces them.
+fn a_collective_queued_under_capture_is_refused() -> TestResult {
+    let test = "a_collective_queued_under_capture_is_refused";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = grown(device, &[page, page])?;
+    let n = page / 4;
+    let input = floats(n, 3);
+    let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+    let (mut send, mut recv) = view.split_at_mut(n)?;
+    send.copy_from_host(&input)?;
+    recv.copy_from_host(&vec![0.0; n])?;
+    let stream = Arc::clone(comm.stream());
+    let mut queued = None;
+    let result = comm.scope(|s| -> TestResult {
+        let send = s.lend(&send)?;
+        let mut recv = s.lend_mut(&mut recv)?;
+        stream.begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )?;
+        queued = Some(s.all_reduce(&send, &mut recv, ReduceOp::Sum));
+        Ok(())
+    });
+    let refusal = result.expect_err("the scope reports the refused collective");
+    assert!(
+        matches!(
+            refusal.downcast_ref::<Error>(),
+            Some(Error::StreamRefused { .. })
+        ),
+        "{test}: {refusal} (the collective returned {queued:?})"
+    );
+    assert!(
+        !busy(&comm)?,
+        "{test}: the stream still ran work when the scope returned"
+    );
+    assert_eq!(
+        recv.to_vec()?,
+        vec![0.0; n],
+        "{test}: the output was written"
+    );
+    assert_eq!(send.to_vec()?, input, "{test}: the input changed");
+    comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce(&s.lend(&send)?, &mut s.lend_mut(&mut recv)?, ReduceOp::Sum)
+    })?;
+    assert_eq!(recv.to_vec()?, input, "{test}: the next scope's sum");
+    Ok(())
+}
+
 /// While another thread captures a graph in `GLOBAL` mode (CUDA's default), a scope's end polls
 /// its stream in `RELAXED` mode: the polls are not refused (the scope returns `Ok`, once the 100
 /// all-reduces have finished), and the other thread's capture is not invalidated (its end gives
@@ -1055,7 +1108,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 19] = named![
+    let tests: [Test; 20] = named![
         nccl_loads_or_says_why,
         single_rank_all_reduce_registered_and_not,
         all_four_collectives_on_one_rank,
@@ -1067,6 +1120,7 @@ fn main() -> ExitCode {
         a_scope_past_its_timeout_aborts_the_communicator,
         a_scope_returns_once_its_collectives_finished,
         a_capture_at_a_scope_end_is_ended_and_waited_for,
+        a_collective_queued_under_capture_is_refused,
         another_threads_capture_survives_a_scope_end,
         a_peer_that_never_joins_ends_in_an_error,
         non_blocking_single_rank_all_reduces_registers_and_tears_down,

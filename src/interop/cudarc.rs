@@ -469,11 +469,16 @@ impl State<'_> {
         match admitted {
             Ok(()) => ptr,
             Err(error) => {
-                let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-                refused.get_or_insert(error);
+                self.refuse(error);
                 never_mapped
             }
         }
+    }
+
+    /// Keeps `error` as the scope's refusal, unless an earlier one is kept already.
+    fn refuse(&self, error: Error) {
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        refused.get_or_insert(error);
     }
 
     fn take_refusal(&self) -> Option<Error> {
@@ -481,6 +486,50 @@ impl State<'_> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl Scope<'_, '_> {
+    /// For one collective of the NCCL scope, queued on this scope's stream: the address of each of
+    /// `lent`, from one capture check for all of them (a lent value's own `device_ptr` checks
+    /// once per address). Where the stream captures a graph, or a value was lent in another scope,
+    /// each gets its never-mapped address instead, and the scope returns the refusal.
+    pub(crate) fn collective_addresses<const N: usize>(
+        &self,
+        lent: [sealed::LentAddress; N],
+    ) -> [u64; N] {
+        let ours = ptr::from_ref(&self.state).cast::<()>();
+        let admitted = if lent.iter().all(|l| l.state == ours) {
+            self.state.not_capturing()
+        } else {
+            Err(Error::StreamRefused {
+                why: "a lent view was given to a collective of another scope than the one it was \
+                      lent in",
+            })
+        };
+        match admitted {
+            Ok(()) => lent.map(|l| l.ptr),
+            Err(error) => {
+                self.state.refuse(error);
+                lent.map(|l| l.never_mapped)
+            }
+        }
+    }
+}
+
+/// What the NCCL scope's collectives take of a lent value, in a module of its own: a public type
+/// that only this crate can name.
+#[cfg(feature = "nccl")]
+pub(crate) mod sealed {
+    /// A lent value's address, its never-mapped address, and the scope it was lent in
+    /// ([`Scope::collective_addresses`](super::Scope::collective_addresses)).
+    #[derive(Debug, Clone, Copy)]
+    pub struct LentAddress {
+        pub(super) ptr: u64,
+        pub(super) never_mapped: u64,
+        /// The lending scope's state, compared by address only.
+        pub(super) state: *const (),
     }
 }
 
@@ -576,6 +625,30 @@ pub struct LentMut<'scope, T> {
     /// write of [`crate::stream::ScopedStream`] returns it).
     view: DeviceSlice<'scope, T>,
     state: &'scope State<'scope>,
+}
+
+#[cfg(feature = "nccl")]
+impl<T> Lent<'_, T> {
+    /// What a collective of the NCCL scope takes of the value.
+    pub(crate) fn lent_address(&self) -> sealed::LentAddress {
+        sealed::LentAddress {
+            ptr: self.ptr,
+            never_mapped: self.never_mapped,
+            state: ptr::from_ref(self.state).cast(),
+        }
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl<T> LentMut<'_, T> {
+    /// As [`Lent::lent_address`].
+    pub(crate) fn lent_address(&self) -> sealed::LentAddress {
+        sealed::LentAddress {
+            ptr: self.ptr,
+            never_mapped: self.never_mapped,
+            state: ptr::from_ref(self.state).cast(),
+        }
+    }
 }
 
 impl<T> Clone for Lent<'_, T> {

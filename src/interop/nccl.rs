@@ -198,7 +198,11 @@ mod sealed {
         const DATA_TYPE: c_int;
     }
 
-    pub trait Source {}
+    pub trait Source {
+        /// What a collective takes of the value (its address comes from
+        /// [`collective_addresses`](crate::interop::cudarc::Scope::collective_addresses)).
+        fn lent_address(&self) -> crate::interop::cudarc::sealed::LentAddress;
+    }
 }
 
 macro_rules! nccl_types {
@@ -218,8 +222,16 @@ nccl_types!(i8 => 0, u8 => 1, i32 => 2, u32 => 3, i64 => 4, u64 => 5, f32 => 7, 
 /// writable ([`LentMut`]). Sealed.
 pub trait Source<'scope, T>: DevicePtr<T> + sealed::Source {}
 
-impl<T> sealed::Source for Lent<'_, T> {}
-impl<T> sealed::Source for LentMut<'_, T> {}
+impl<T> sealed::Source for Lent<'_, T> {
+    fn lent_address(&self) -> crate::interop::cudarc::sealed::LentAddress {
+        Lent::lent_address(self)
+    }
+}
+impl<T> sealed::Source for LentMut<'_, T> {
+    fn lent_address(&self) -> crate::interop::cudarc::sealed::LentAddress {
+        LentMut::lent_address(self)
+    }
+}
 impl<'scope, T: Pod> Source<'scope, T> for Lent<'scope, T> {}
 impl<'scope, T: Pod> Source<'scope, T> for LentMut<'scope, T> {}
 

@@ -7,12 +7,13 @@ use core::fmt;
 use core::marker::PhantomData;
 use std::rc::Rc;
 
-use ::cudarc::driver::{DevicePtr, DeviceSlice as CudarcSlice};
+use ::cudarc::driver::DeviceSlice as CudarcSlice;
 use bytemuck::Pod;
 
 use super::api::{self, IN_PROGRESS, RawStream};
 use super::{Comm, Core, NcclType, ReduceOp, Source};
 use crate::error::Error;
+use crate::interop::cudarc::sealed::LentAddress;
 use crate::interop::cudarc::{Lent, LentMut, Scope as CudarcScope};
 use crate::stream::{ScopedRead, ScopedWrite};
 
@@ -77,11 +78,11 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         self.comm.stream.cu_stream().cast()
     }
 
-    /// The address a lent value gives for the communicator's stream (its own: the scope's), the
-    /// address of a never-mapped range while the stream captures a graph (the scope then returns
-    /// [`Error::StreamRefused`]).
-    fn address<S: DevicePtr<T>, T>(&self, lent: &S) -> u64 {
-        lent.device_ptr(&self.comm.stream).0
+    /// The addresses of the lent values of one collective, on the communicator's stream (the
+    /// scope's), from one capture check; never-mapped ranges while the stream captures a graph
+    /// (the scope then returns [`Error::StreamRefused`]).
+    fn addresses<const N: usize>(&self, lent: [LentAddress; N]) -> [u64; N] {
+        self.inner.collective_addresses(lent)
     }
 
     /// `ncclAllReduce` — reduce `send` of every rank with `op`, into `recv` of every rank. Queued on
@@ -98,7 +99,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         op: ReduceOp,
     ) -> Result<(), Error> {
         same_len(send.len(), recv.len())?;
-        let (src, dst) = (self.address(send), self.address(recv));
+        let [src, dst] = self.addresses([send.lent_address(), recv.lent_address()]);
         self.all_reduce_raw::<T>(src, dst, recv.len(), op)
     }
 
@@ -112,7 +113,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         buffer: &mut LentMut<'scope, T>,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        let ptr = self.address(buffer);
+        let [ptr] = self.addresses([buffer.lent_address()]);
         self.all_reduce_raw::<T>(ptr, ptr, buffer.len(), op)
     }
 
@@ -158,14 +159,14 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         recv: &mut LentMut<'scope, T>,
         root: usize,
     ) -> Result<(), Error> {
-        let src = match send {
-            Some(send) => {
-                same_len(send.len(), recv.len())?;
-                Some(send.device_ptr(&self.comm.stream).0)
-            }
-            None => None,
+        let (src, dst) = if let Some(send) = send {
+            same_len(send.len(), recv.len())?;
+            let [src, dst] = self.addresses([send.lent_address(), recv.lent_address()]);
+            (Some(src), dst)
+        } else {
+            let [dst] = self.addresses([recv.lent_address()]);
+            (None, dst)
         };
-        let dst = self.address(recv);
         if self.comm.rank == root && src.is_none() {
             return Err(Error::NcclRefused {
                 call: "ncclBroadcast",
@@ -185,7 +186,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         buffer: &mut LentMut<'scope, T>,
         root: usize,
     ) -> Result<(), Error> {
-        let ptr = self.address(buffer);
+        let [ptr] = self.addresses([buffer.lent_address()]);
         self.broadcast_raw::<T>(ptr, ptr, buffer.len(), root)
     }
 
@@ -229,7 +230,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         recv: &mut LentMut<'scope, T>,
     ) -> Result<(), Error> {
         same_len(count(send.len(), self.comm.size)?, recv.len())?;
-        let (src, dst) = (self.address(send), self.address(recv));
+        let [src, dst] = self.addresses([send.lent_address(), recv.lent_address()]);
         let api = api::api("ncclAllGather")?;
         let f = api::function(api.all_gather, "ncclAllGather")?;
         self.comm.core.live("ncclAllGather")?;
@@ -262,7 +263,7 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         op: ReduceOp,
     ) -> Result<(), Error> {
         same_len(count(recv.len(), self.comm.size)?, send.len())?;
-        let (src, dst) = (self.address(send), self.address(recv));
+        let [src, dst] = self.addresses([send.lent_address(), recv.lent_address()]);
         let api = api::api("ncclReduceScatter")?;
         let f = api::function(api.reduce_scatter, "ncclReduceScatter")?;
         self.comm.core.live("ncclReduceScatter")?;
