@@ -3072,11 +3072,81 @@ fn nccl_ok(code: i32, call: &str) -> BenchResult<()> {
     }
 }
 
+#[cfg(feature = "nccl")]
+thread_local! {
+    /// The floor row's stand-in for a group depth, read by every checked registration.
+    static FLOOR_GROUP_DEPTH: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// The floor row's registration: the raw calls behind the cheapest checks a registration of a
+/// page table's bytes needs (not inside a group, a non-empty range, every byte on a granted page of
+/// a table on the heap, the communicator not aborted), and a guard whose `Drop` deregisters.
+/// Hand-written, not the crate's: what no checked wrapper can undercut.
+#[cfg(feature = "nccl")]
+struct FloorRegistration<'a> {
+    raw: &'a RawNccl,
+    comm: *mut c_void,
+    handle: *mut c_void,
+}
+
+#[cfg(feature = "nccl")]
+impl<'a> FloorRegistration<'a> {
+    /// Checks, then `ncclCommRegister` of `[base + start, base + end)`; not inlined, as a
+    /// library's call is not.
+    #[inline(never)]
+    fn new(
+        raw: &'a RawNccl,
+        comm: *mut c_void,
+        aborted: &core::cell::Cell<bool>,
+        pages: &[(usize, usize, bool)],
+        base: usize,
+        (start, end): (usize, usize),
+    ) -> BenchResult<FloorRegistration<'a>> {
+        if FLOOR_GROUP_DEPTH.with(core::cell::Cell::get) > 0 || aborted.get() || start >= end {
+            return Err("refused".into());
+        }
+        let index = pages.partition_point(|p| p.1 <= start);
+        let mut at = start;
+        for &(s, e, granted) in pages.iter().skip(index) {
+            if at >= end || s > at || !granted {
+                break;
+            }
+            at = e;
+        }
+        if at < end {
+            return Err("not mapped and granted".into());
+        }
+        let mut handle = core::ptr::null_mut();
+        // SAFETY: a live communicator of the bound context; the bytes are mapped and granted
+        // (checked) for the whole row; the handle is deregistered by `Drop`, with nothing queued.
+        let code = unsafe {
+            (raw.register)(
+                comm,
+                (base + start) as *mut c_void,
+                end - start,
+                &raw mut handle,
+            )
+        };
+        nccl_ok(code, "ncclCommRegister")?;
+        Ok(FloorRegistration { raw, comm, handle })
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl Drop for FloorRegistration<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle `new` made, deregistered once.
+        let _ = unsafe { (self.raw.deregister)(self.comm, self.handle) };
+    }
+}
+
 /// NCCL (feature `nccl`), one rank on GPU 0: `Comm::register` + drop against raw `ncclCommRegister`
-/// and `ncclCommDeregister` of the same bytes (with a raw-against-raw calibration row), and a
-/// single-rank all-reduce (out of place: in place, one rank queues nothing) on `VirtualBuffer`
-/// memory lent in `Comm::scope` against the same `ncclAllReduce` + `cuStreamSynchronize` on
-/// `ncclMemAlloc` memory. Where NCCL cannot be loaded, a line in `not_run` says why.
+/// and `ncclCommDeregister` of the same bytes (with a raw-against-raw calibration row, and the same
+/// raw calls behind a hand-written guard with the cheapest checks, the floor of any checked
+/// wrapper), and a single-rank all-reduce (out of place: in place, one rank queues nothing) on
+/// `VirtualBuffer` memory lent in `Comm::scope` against the same `ncclAllReduce` +
+/// `cuStreamSynchronize` on `ncclMemAlloc` memory. Where NCCL cannot be loaded, a line in
+/// `not_run` says why.
 #[cfg(feature = "nccl")]
 #[allow(clippy::too_many_lines)] // one row group, read top to bottom
 fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> BenchResult<()> {
@@ -3146,6 +3216,30 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
         raw: raw_t * 1e6,
         paired: Some(paired),
         goal: "safe/raw <= 1.01",
+    });
+    // The floor of a checked wrapper, against the same raw calls.
+    let (pages, aborted) = (vec![(0, REGISTERED, true)], core::cell::Cell::new(false));
+    let floor_register = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        let pages = core::hint::black_box(pages.as_slice());
+        let bytes = core::hint::black_box((0, REGISTERED));
+        let base = core::hint::black_box(base as usize);
+        drop(FloorRegistration::new(
+            &raw_nccl, raw_comm, &aborted, pages, base, bytes,
+        )?);
+        Ok(())
+    };
+    let (floor, raw_t, paired) = race_paired(2000, floor_register, raw_register)?;
+    rows.push(Row {
+        name: "nccl: the same raw calls behind the cheapest checks (hand-written: thread-local \
+               group depth, range, a one-page table, a flag) and a deregistering guard vs the raw \
+               calls (us)"
+            .to_owned(),
+        unit: "us",
+        safe: floor * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "report: the floor of a checked wrapper",
     });
     drop(buffer);
 
