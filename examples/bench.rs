@@ -2575,7 +2575,7 @@ fn graph_rows(ctx: &Context, rows: &mut Vec<Row>) -> BenchResult<()> {
     let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
     let kernel = module.function(c"spin_add_one")?;
     let raw_kernel = RawSpin::load(ctx)?;
-    let stream = cuda_vmm::Stream::new(ctx)?;
+    let mut stream = cuda_vmm::Stream::new(ctx)?;
     let n32 = u32::try_from(N)?;
     let zeroed = || DeviceBuffer::<u32>::zeroed(ctx, PAIRS * N);
     let (mut gx, mut gy, mut qx, mut qy, rx, ry) = (
@@ -2590,7 +2590,7 @@ fn graph_rows(ctx: &Context, rows: &mut Vec<Row>) -> BenchResult<()> {
     let mut graph_y = chunks(gy.as_mut_slice(), PAIRS, N)?;
     let mut queued_x = chunks(qx.as_mut_slice(), PAIRS, N)?;
     let mut queued_y = chunks(qy.as_mut_slice(), PAIRS, N)?;
-    let graph = cuda_vmm::stream::Graph::capture(&stream, |c| {
+    let graph = cuda_vmm::stream::Graph::capture(&mut stream, |c| {
         for (x, y) in graph_x.iter_mut().zip(graph_y.iter_mut()) {
             let set = c.memset(&mut *x, 0)?;
             // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)`, `N` values of each view.

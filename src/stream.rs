@@ -111,6 +111,12 @@ impl Stream {
         &self.context
     }
 
+    /// The stream's identity: its context and its handle (the null handle of every context's
+    /// legacy default stream names a different stream in each).
+    pub(crate) fn id(&self) -> lend::StreamId {
+        lend::StreamId::new(self.context.as_raw(), self.raw)
+    }
+
     /// The raw `CUstream` (null for the legacy default stream): an escape hatch that owns nothing.
     /// It stays valid while `self` lives; do not destroy it, nor begin a stream capture on it: work
     /// captured into a graph runs when the graph is launched, after any scope has waited for the

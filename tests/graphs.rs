@@ -69,9 +69,9 @@ fn a_replay_gives_what_queued_work_gives() {
     let add_one = module.function(c"add_one").unwrap();
     let data = pattern(n, 17);
     let input = PinnedBuffer::from_slice(&ctx, &data).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
     let n32 = u32::try_from(n).unwrap();
-    let run = |graph: bool| -> [Vec<u32>; 4] {
+    let mut run = |graph: bool| -> [Vec<u32>; 4] {
         let mut uploaded = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
         let mut added = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
         let mut copied = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
@@ -80,7 +80,7 @@ fn a_replay_gives_what_queued_work_gives() {
             let (mut xs, mut ys) = (uploaded.as_mut_slice(), added.as_mut_slice());
             let (mut ws, mut ms) = (copied.as_mut_slice(), set.as_mut_slice());
             if graph {
-                let g = Graph::capture(&stream, |c| {
+                let g = Graph::capture(&mut stream, |c| {
                     let up = c.copy_from_host(&mut xs, &input)?;
                     // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
                     let ((sum, (), ()), _node) =
@@ -128,11 +128,11 @@ fn ten_thousand_replays_count_and_leak_nothing() {
     };
     let module = load(&ctx, COUNT_PTX);
     let count = module.function(c"count").unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
     let mut counter = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
-    let cycle = |counter: &mut DeviceBuffer<u32>| {
+    let mut cycle = |counter: &mut DeviceBuffer<u32>| {
         let mut view = counter.as_mut_slice();
-        let graph = Graph::capture(&stream, |c| {
+        let graph = Graph::capture(&mut stream, |c| {
             // SAFETY: count(u32*), one value.
             unsafe { c.launch(&count, (1, 1, 1), (1, 1, 1), (&mut view,))? };
             Ok(())
@@ -147,7 +147,7 @@ fn ten_thousand_replays_count_and_leak_nothing() {
     }
     {
         let mut view = counter.as_mut_slice();
-        let graph = Graph::capture(&stream, |c| {
+        let graph = Graph::capture(&mut stream, |c| {
             // SAFETY: as above.
             unsafe { c.launch(&count, (1, 1, 1), (1, 1, 1), (&mut view,))? };
             Ok(())
@@ -198,11 +198,11 @@ fn a_replay_after_growth_of_other_pages() {
         .copy_from_host(&data)
         .unwrap();
     let mut out = DeviceBuffer::<u32>::zeroed(&ctx, g / 4).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
     {
         let mut out_view = out.as_mut_slice();
         let first = buffer.slice_bytes::<u32>(..g).unwrap();
-        let graph = Graph::capture(&stream, |c| {
+        let graph = Graph::capture(&mut stream, |c| {
             c.copy_from_device(&mut out_view, first).map(drop)
         })
         .unwrap();
@@ -237,7 +237,7 @@ fn kernel_arguments_change_between_scopes() {
     let n = 4096;
     let module = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
     let add_one = module.function(c"add_one").unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
     let (one, two) = (pattern(n, 1), pattern(n, 2));
     let src_one = DeviceBuffer::from_host(&ctx, &one).unwrap();
     let src_two = DeviceBuffer::from_host(&ctx, &two).unwrap();
@@ -249,7 +249,7 @@ fn kernel_arguments_change_between_scopes() {
         let (mut av, mut bv, mut ov) = (a.as_mut_slice(), b.as_mut_slice(), other.as_mut_slice());
         let (s1, s2) = (src_one.as_slice(), src_two.as_slice());
         let mut node = None;
-        let mut graph = Graph::capture(&stream, |c| {
+        let mut graph = Graph::capture(&mut stream, |c| {
             // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
             node =
                 Some(unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut av, s1, n32))? }.1);
@@ -263,7 +263,7 @@ fn kernel_arguments_change_between_scopes() {
         cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
 
         let mut other_node = None;
-        let stranger = Graph::capture(&stream, |c| {
+        let stranger = Graph::capture(&mut stream, |c| {
             // SAFETY: as above.
             other_node =
                 Some(unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut ov, s1, n32))? }.1);
@@ -303,7 +303,7 @@ fn a_capture_refuses_what_can_leave_its_scope() {
     let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
     cache.grow(device, g).unwrap();
-    let (work, capturing) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let (work, mut capturing) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let mut plain = DeviceBuffer::<u32>::zeroed(&ctx, 256).unwrap();
     let mut plain_view = plain.as_mut_slice();
     cuda_vmm::scope(|s| {
@@ -312,19 +312,19 @@ fn a_capture_refuses_what_can_leave_its_scope() {
         let mut slot = kv.write::<u32>(0..1024)?;
         let read = kv.read::<u32>(1024..2048)?;
         let mut ring = w.rewritable(&mut plain_view)?;
-        let refused = Graph::capture(&capturing, |c| c.memset(&mut slot, 0).map(drop));
+        let refused = Graph::capture(&mut capturing, |c| c.memset(&mut slot, 0).map(drop));
         assert!(
             matches!(refused, Err(Error::StreamRefused { .. })),
             "a scoped buffer's slot: {refused:?}"
         );
-        let refused = Graph::capture(&capturing, |c| c.memset(&mut ring, 0).map(drop));
+        let refused = Graph::capture(&mut capturing, |c| c.memset(&mut ring, 0).map(drop));
         assert!(
             matches!(refused, Err(Error::StreamRefused { .. })),
             "a rewritable: {refused:?}"
         );
         let mut other = DeviceBuffer::<u32>::zeroed(&ctx, 256)?;
         let mut other_view = other.as_mut_slice();
-        let refused = Graph::capture(&capturing, |c| {
+        let refused = Graph::capture(&mut capturing, |c| {
             c.copy_from_device(&mut other_view, read).map(drop)
         });
         assert!(
@@ -372,7 +372,7 @@ fn a_capture_and_another_threads_waits_hold_each_other() {
         DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap(),
     );
     let mut side = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
-    let (capturing, other, own) = (
+    let (mut capturing, other, own) = (
         Stream::new(&ctx).unwrap(),
         Stream::new(&ctx).unwrap(),
         Stream::new(&ctx).unwrap(),
@@ -402,7 +402,7 @@ fn a_capture_and_another_threads_waits_hold_each_other() {
                     Ok(())
                 })
             });
-            let graph = Graph::capture(&capturing, |c| {
+            let graph = Graph::capture(&mut capturing, |c| {
                 meet.wait();
                 // SAFETY: add_one(u32*, const u32*, u32), `n` values of each.
                 unsafe {
@@ -465,12 +465,12 @@ fn a_graph_on_gpu0_reads_gpu1_memory_over_a_grant() {
         .copy_from_host(&data)
         .unwrap();
     let mut out = DeviceBuffer::<u32>::zeroed(ctx0, g / 4).unwrap();
-    let stream = Stream::new(ctx0).unwrap();
+    let mut stream = Stream::new(ctx0).unwrap();
     {
         let mut out_view = out.as_mut_slice();
         let remote = buffer.slice_bytes_on::<u32>(*d0, ..).unwrap();
         assert!(remote.reachable_from(*d0));
-        let graph = Graph::capture(&stream, |c| {
+        let graph = Graph::capture(&mut stream, |c| {
             c.copy_from_device(&mut out_view, remote).map(drop)
         })
         .unwrap();
@@ -500,7 +500,7 @@ fn a_parked_graph_is_refused_while_evicted_and_replays_after_restore() {
     let n32 = u32::try_from(n).unwrap();
     let module = Module::load_ptx(&ctx, &add_one_ptx()).unwrap();
     let add_one = module.function(c"add_one").unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
     let data = pattern(n, 21);
     let plus: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
     let mut weights = VirtualBuffer::new(2 * g, &[device], ReadWrite).unwrap();
@@ -522,7 +522,7 @@ fn a_parked_graph_is_refused_while_evicted_and_replays_after_restore() {
         let src = weights.slice_bytes::<u32>(..g).unwrap();
         let mut dst = out.slice_bytes_mut::<u32>(..).unwrap();
         let host_view: &mut [u32] = &mut host;
-        let graph = Graph::capture(&stream, |c| {
+        let graph = Graph::capture(&mut stream, |c| {
             // SAFETY: as above.
             let ((sum, (), ()), _) =
                 unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut dst, src, n32))? };
@@ -713,10 +713,10 @@ fn a_rebind_is_refused_where_the_graphs_device_lost_its_grant() {
     let g = allocation_granularity(*d0, Granularity::Minimum).unwrap();
     let mut buffer = VirtualBuffer::new(g, &[*d0, *d1], ReadWrite).unwrap();
     buffer.map_page(0, *d1, g).unwrap();
-    let stream = Stream::new(ctx0).unwrap();
+    let mut stream = Stream::new(ctx0).unwrap();
     let parked = {
         let mut view = buffer.slice_bytes_mut_on::<u32>(*d0, ..).unwrap();
-        Graph::capture(&stream, |c| c.memset(&mut view, 0x5a).map(drop))
+        Graph::capture(&mut stream, |c| c.memset(&mut view, 0x5a).map(drop))
             .unwrap()
             .park()
     };
@@ -761,7 +761,7 @@ fn a_parked_graph_outlives_its_module() {
     let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let n = g / 4;
     let n32 = u32::try_from(n).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
     let data = pattern(n, 5);
     let plus: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
     let mut src = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
@@ -777,7 +777,7 @@ fn a_parked_graph_outlives_its_module() {
         let add_one = module.function(c"add_one").unwrap();
         let from = src.slice_bytes::<u32>(..).unwrap();
         let mut dst = out.slice_bytes_mut::<u32>(..).unwrap();
-        let graph = Graph::capture(&stream, |c| {
+        let graph = Graph::capture(&mut stream, |c| {
             // SAFETY: add_one(u32* dst, const u32* src, u32 n) touches `n` values of each.
             unsafe { c.launch(&add_one, blocks(n), (256, 1, 1), (&mut dst, from, n32))? };
             Ok(())

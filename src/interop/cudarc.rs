@@ -123,6 +123,7 @@ use bytemuck::Pod;
 
 use crate::device::{Context, Device};
 use crate::error::{DriverResult, Error, check};
+use crate::stream::lend::StreamId;
 use crate::stream::lend::sealed::Token;
 use crate::stream::{ScopedRead, ScopedWrite};
 use crate::sys;
@@ -329,7 +330,7 @@ impl<'scope> Scope<'scope, '_> {
         // A view whose memory can leave while a scope lasts (a `ScopedBuffer`'s) is refused here: the
         // registry of its scope does not know this stream.
         let (view, _, _) =
-            crate::stream::lend::lend(view, Token::new(self.state.raw_stream(), false))?
+            crate::stream::lend::lend(view, Token::new(self.state.stream_id(), false))?
                 .into_parts();
         let never_mapped = self.state.admit_view(&view)?;
         Ok(Lent {
@@ -352,7 +353,7 @@ impl<'scope> Scope<'scope, '_> {
         view: impl ScopedWrite<'scope, T>,
     ) -> Result<LentMut<'scope, T>, Error> {
         let (view, _, _) =
-            crate::stream::lend::lend_mut(view, Token::new(self.state.raw_stream(), false))?
+            crate::stream::lend::lend_mut(view, Token::new(self.state.stream_id(), false))?
                 .into_parts();
         let never_mapped = self.state.admit_view(&view)?;
         Ok(LentMut {
@@ -397,6 +398,11 @@ impl State<'_> {
 
     fn raw_stream(&self) -> sys::CUstream {
         self.stream.cu_stream().cast()
+    }
+
+    /// The scope's stream as this crate's scopes tell streams apart: its context and its handle.
+    fn stream_id(&self) -> StreamId {
+        StreamId::new(self.stream.context().cu_ctx().cast(), self.raw_stream())
     }
 
     /// `cuStreamSynchronize` of the scope's stream, through the wait that holds under stream

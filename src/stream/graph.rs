@@ -67,6 +67,14 @@ pub use park::{NotRebound, ParkedGraph, Rebind};
 /// - **Parked across an eviction.** [`park`](Graph::park) gives up the borrows and keeps the
 ///   instantiation; the [`ParkedGraph`] cannot be launched, and is rebound
 ///   ([`ParkedGraph::rebind`]) only over memory that covers every range the capture recorded.
+/// - **No enqueue a capture takes unseen.** A capture records everything queued on its stream, by
+///   any thread, and the driver decides at each enqueue, so a check of the stream before an enqueue
+///   proves nothing while another thread can begin a capture in between. [`Graph::capture`]
+///   therefore takes the stream by `&mut`: while it records, no [`ScopedStream`] of that stream
+///   exists on any thread (a scope borrows the stream shared for its whole length), and a
+///   capture cannot begin on a stream that a scope holds. The capture itself queues only
+///   through its [`Capture`], which records no event and waits for none, so no stream of this
+///   crate is pulled into it either.
 /// - **Capture holds every wait.** The capture is `THREAD_LOCAL`: other threads' calls are neither
 ///   refused nor able to invalidate it, and this crate's waits on other threads go on waiting. A
 ///   potentially unsafe call of the capturing thread itself (a synchronous copy, say) is refused by
@@ -88,9 +96,9 @@ pub use park::{NotRebound, ParkedGraph, Rebind};
 /// let add_one = module.function(c"add_one")?; // add_one(u32* dst, const u32* src, u32 n)
 /// let (mut x, mut y) = (DeviceBuffer::<u32>::zeroed(&context, 256)?, DeviceBuffer::<u32>::zeroed(&context, 256)?);
 /// let input = PinnedBuffer::from_slice(&context, &[41u32; 256])?;
-/// let stream = Stream::new(&context)?;
+/// let mut stream = Stream::new(&context)?;
 /// let (mut xs, mut ys) = (x.as_mut_slice(), y.as_mut_slice());
-/// let graph = Graph::capture(&stream, |c| {
+/// let graph = Graph::capture(&mut stream, |c| {
 ///     let uploaded = c.copy_from_host(&mut xs, &input)?;
 ///     // SAFETY: add_one takes two u32 pointers and a count, and touches `n` values of each.
 ///     unsafe { c.launch(&add_one, (1, 1, 1), (256, 1, 1), (&mut ys, uploaded, 256u32))? };
@@ -108,12 +116,12 @@ pub use park::{NotRebound, ParkedGraph, Rebind};
 /// # use cuda_vmm::{Context, Device, DeviceBuffer, Stream, stream::Graph};
 /// # fn main() -> cuda_vmm::Result<()> {
 /// # let context = Context::new(Device::get(0)?)?;
-/// # let stream = Stream::new(&context)?;
+/// # let mut stream = Stream::new(&context)?;
 /// let graph;
 /// {
 ///     let mut buffer = DeviceBuffer::<u32>::zeroed(&context, 256)?;
 ///     let view = buffer.as_mut_slice();
-///     graph = Graph::capture(&stream, move |c| c.memset(view, 0).map(drop))?;
+///     graph = Graph::capture(&mut stream, move |c| c.memset(view, 0).map(drop))?;
 /// } // `buffer` is freed here, under the graph's address
 /// cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph))?;
 /// # Ok(())
@@ -200,6 +208,10 @@ impl<'g> Graph<'g> {
     /// work `f` queues on its [`Capture`] into a graph, on `stream` (which runs nothing meanwhile),
     /// and instantiate it. Nothing runs until a replay.
     ///
+    /// The stream is borrowed exclusively for the capture: a capture records whatever any thread
+    /// queues on its stream, so a stream that a scope (of this thread or another) could queue on
+    /// meanwhile is not captured on (see [`Graph`]).
+    ///
     /// # Errors
     /// [`Error::StreamCapturing`] where `stream` is capturing already; `f`'s error (the capture is
     /// ended and its graph destroyed); the driver's error, such as
@@ -210,10 +222,16 @@ impl<'g> Graph<'g> {
     #[doc(alias = "cuStreamBeginCapture")]
     #[doc(alias = "cuStreamEndCapture")]
     #[doc(alias = "cuGraphInstantiate")]
-    pub fn capture<F>(stream: &Stream, f: F) -> Result<Graph<'g>, Error>
+    pub fn capture<F>(stream: &mut Stream, f: F) -> Result<Graph<'g>, Error>
     where
         F: FnOnce(&Capture<'_, 'g>) -> Result<(), Error>,
     {
+        // Held exclusively for the whole capture: no scope, on any thread, can queue work on the
+        // stream between its capture check and its enqueue while this capture records (the work
+        // would be recorded into this graph, not run, and the driver's graph would be written by
+        // two threads at once: measured on an H200, the enqueue crashed inside the driver while the
+        // capturing thread instantiated the graph).
+        let stream: &Stream = stream;
         if stream.is_capturing()? {
             return Err(Error::StreamCapturing {
                 what: "a graph is captured only on a stream that is not capturing already",
@@ -314,7 +332,10 @@ impl<'g> Graph<'g> {
             (kernel.function, kernel.grid, kernel.block, kernel.node);
         let mut touched = Vec::new();
         let set = args.launch_with(
-            sealed::Token::new(ptr::null_mut(), true),
+            sealed::Token::new(
+                super::lend::StreamId::new(inner.context.as_raw(), ptr::null_mut()),
+                true,
+            ),
             |params, touches| {
                 // Recorded before the call: where the driver refuses it, the old arguments stay, and
                 // a rebind then asks for both the old and the new memory.
@@ -436,7 +457,7 @@ impl<'g> Queue<'g> for Capture<'_, 'g> {
     }
 
     fn token(&self) -> sealed::Token {
-        sealed::Token::new(self.stream.as_raw(), true)
+        sealed::Token::new(self.stream.id(), true)
     }
 
     /// The stream's context bound, and the stream still capturing this capture, so that the work

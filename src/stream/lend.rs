@@ -220,13 +220,13 @@ pub(crate) mod sealed {
     #[derive(Debug, Clone, Copy)]
     pub struct Token {
         /// The stream the operation that lends queues its work on.
-        pub(crate) stream: crate::sys::CUstream,
+        pub(crate) stream: super::StreamId,
         /// Whether the work is captured into a graph rather than run.
         pub(crate) capture: bool,
     }
 
     impl Token {
-        pub(crate) fn new(stream: crate::sys::CUstream, capture: bool) -> Token {
+        pub(crate) fn new(stream: super::StreamId, capture: bool) -> Token {
             Token { stream, capture }
         }
     }
@@ -317,10 +317,29 @@ pub(crate) trait Tracker: Sync {
     fn done(&self, slot: usize);
 }
 
+/// A stream as the driver tells streams apart: its context and its handle. The handle alone is not
+/// enough: every context's legacy default stream is the null handle, so two devices' legacy streams
+/// would compare equal, and a view lent to one would pass for work on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StreamId {
+    context: usize,
+    handle: usize,
+}
+
+impl StreamId {
+    /// The stream `handle` (null for the legacy default stream) of `context`.
+    pub(crate) fn new(context: sys::CUcontext, handle: sys::CUstream) -> StreamId {
+        StreamId {
+            context: context.addr(),
+            handle: handle.addr(),
+        }
+    }
+}
+
 /// The streams of a scope, which a retire records its events on.
 pub(crate) trait Registry: Sync {
     /// Whether work queued on `stream` is waited for by the scope.
-    fn registered(&self, stream: sys::CUstream) -> bool;
+    fn registered(&self, stream: StreamId) -> bool;
     /// Calls `f` with every stream of the scope; the first error, every stream tried.
     fn each(&self, f: &mut dyn FnMut(&super::Stream) -> Result<(), Error>) -> Result<(), Error>;
 }
@@ -339,11 +358,7 @@ pub(crate) struct Origin<'scope> {
 }
 
 impl Origin<'_> {
-    fn admit<T: Pod>(
-        self,
-        view: &DeviceSlice<'_, T>,
-        stream: sys::CUstream,
-    ) -> Result<usize, Error> {
+    fn admit<T: Pod>(self, view: &DeviceSlice<'_, T>, stream: StreamId) -> Result<usize, Error> {
         if !self.streams.registered(stream) {
             return Err(Error::StreamRefused {
                 why: "a view of a scoped buffer is lent only to work on a stream of its scope \
@@ -587,10 +602,10 @@ pub struct Rewritable<'scope, T> {
     pub(crate) view: DeviceSlice<'scope, T>,
     pub(crate) origin: Option<Origin<'scope>>,
     /// The stream of the last write, which the next one must run on (`None` before the first).
-    pub(crate) stream: Option<sys::CUstream>,
+    pub(crate) stream: Option<StreamId>,
 }
 
-// SAFETY: a `Rewritable` is a view's address, length and context, and the raw handle of a stream
+// SAFETY: a `Rewritable` is a view's address, length and context, and the identity of a stream
 // that it only compares: it gives no thread any access to the memory, and its `&mut` lends are
 // exclusive by the borrow rules.
 unsafe impl<T: Send> Send for Rewritable<'_, T> {}
@@ -642,7 +657,7 @@ impl<'scope, T: Pod> Rewritable<'scope, T> {
         event: &Event,
     ) -> Result<(), Error> {
         if let Some(stream) = self.stream {
-            if stream != from.as_raw() {
+            if stream != from.id() {
                 return Err(Error::StreamRefused {
                     why: "the memory was last written on another stream than `from`",
                 });
@@ -650,7 +665,7 @@ impl<'scope, T: Pod> Rewritable<'scope, T> {
             from.record(event)?;
             to.wait(event)?;
         }
-        self.stream = Some(to.as_raw());
+        self.stream = Some(to.id());
         Ok(())
     }
 }

@@ -11,7 +11,6 @@ use bytemuck::Pod;
 
 use crate::error::{Error, Result, first_error};
 use crate::module::Function;
-use crate::sys;
 #[cfg(doc)]
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use crate::wait;
@@ -22,7 +21,7 @@ use super::event::Event;
 use super::launch::KernelArgs;
 use super::lend::{
     DeviceInFlight, HostInFlight, HostSource, Registry, Rewritable, ScopedRead, ScopedWrite,
-    lend_mut, sealed,
+    StreamId, lend_mut, sealed,
 };
 #[cfg(doc)]
 use super::pinned::PinnedBuffer;
@@ -252,9 +251,9 @@ impl<'scope> Scope<'scope, '_> {
 }
 
 impl Registry for Mutex<Streams<'_, Stream>> {
-    fn registered(&self, stream: sys::CUstream) -> bool {
+    fn registered(&self, stream: StreamId) -> bool {
         let streams = self.lock().unwrap_or_else(PoisonError::into_inner);
-        streams.iter().any(|s| s.raw == stream)
+        streams.iter().any(|s| s.id() == stream)
     }
 
     fn each(&self, f: &mut dyn FnMut(&Stream) -> Result<(), Error>) -> Result<(), Error> {
@@ -342,7 +341,7 @@ impl<'scope> Queue<'scope> for ScopedStream<'scope> {
     }
 
     fn token(&self) -> sealed::Token {
-        sealed::Token::new(self.stream.raw, false)
+        sealed::Token::new(self.stream.id(), false)
     }
 
     /// The stream's context bound, and the stream not capturing: a graph could run the work after

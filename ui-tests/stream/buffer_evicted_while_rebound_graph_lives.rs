@@ -7,11 +7,11 @@ use cuda_vmm::{Context, Device, Error, ReadWrite, Stream, VirtualBuffer, stream:
 fn main() -> Result<(), Error> {
     let device = Device::get(0)?;
     let context = Context::new(device)?;
-    let stream = Stream::new(&context)?;
+    let mut stream = Stream::new(&context)?;
     let mut buffer = VirtualBuffer::new(2 << 20, &[device], ReadWrite)?;
     buffer.grow(device, 2 << 20)?;
     let mut view = buffer.slice_bytes_mut::<u32>(..)?;
-    let parked = Graph::capture(&stream, |c| c.memset(&mut view, 0).map(drop))?.park();
+    let parked = Graph::capture(&mut stream, |c| c.memset(&mut view, 0).map(drop))?.park();
     let graph = parked.rebind().writes(&mut buffer).finish()?;
     let evicted = buffer.evict(..)?; // <- error[E0499]: the graph writes these pages at every replay
     cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph))?;

@@ -12,9 +12,9 @@ fn main() -> Result<(), Error> {
     buffer.grow(device, page)?;
     let mut out = DeviceBuffer::<u32>::zeroed(&context, page / 4)?;
     let mut out_view = out.as_mut_slice();
-    let stream = Stream::new(&context)?;
+    let mut stream = Stream::new(&context)?;
     let source = buffer.slice_bytes::<u32>(..page)?;
-    let graph = Graph::capture(&stream, |c| c.copy_from_device(&mut out_view, source).map(drop))?;
+    let graph = Graph::capture(&mut stream, |c| c.copy_from_device(&mut out_view, source).map(drop))?;
     buffer.grow(device, page)?; // other pages: no captured address moves
     buffer.shrink()?; // <- error[E0502]: the graph reads the first page at every replay
     cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph))

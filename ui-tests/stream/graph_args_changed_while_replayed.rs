@@ -8,11 +8,11 @@ fn main() -> Result<(), Error> {
     let context = Context::new(Device::get(0)?)?;
     let module = Module::load_ptx(&context, c"")?;
     let kernel = module.function(c"fill")?;
-    let stream = Stream::new(&context)?;
+    let mut stream = Stream::new(&context)?;
     let mut buffer = DeviceBuffer::<u32>::zeroed(&context, 256)?;
     let mut view = buffer.as_mut_slice();
     let mut node = None;
-    let mut graph = Graph::capture(&stream, |c| {
+    let mut graph = Graph::capture(&mut stream, |c| {
         node = Some(unsafe { c.launch(&kernel, (1, 1, 1), (256, 1, 1), (&mut view, 1u32))? }.1);
         Ok(())
     })?;

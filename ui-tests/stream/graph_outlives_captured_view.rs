@@ -6,12 +6,12 @@ use cuda_vmm::{Context, Device, DeviceBuffer, Error, Stream, stream::Graph};
 
 fn main() -> Result<(), Error> {
     let context = Context::new(Device::get(0)?)?;
-    let stream = Stream::new(&context)?;
+    let mut stream = Stream::new(&context)?;
     let graph;
     {
         let mut buffer = DeviceBuffer::<u32>::zeroed(&context, 256)?;
         let view = buffer.as_mut_slice(); // <- error[E0597]: `buffer` does not live as long as the graph
-        graph = Graph::capture(&stream, move |c| c.memset(view, 0).map(drop))?;
+        graph = Graph::capture(&mut stream, move |c| c.memset(view, 0).map(drop))?;
     }
     cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph))
 }

@@ -511,7 +511,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
     /// `Err` unless `on` is a stream of this buffer's scope, which the retires record their events
     /// on and the scope waits for.
     fn check_stream(&self, on: ScopedStream<'scope>) -> Result<(), Error> {
-        if self.streams.registered(on.as_raw()) {
+        if self.streams.registered(on.id()) {
             Ok(())
         } else {
             Err(Error::StreamRefused {

@@ -61,10 +61,10 @@ use super::{Graph, Instance, Touch};
 /// weights.grow(device, page)?;
 /// let mut out = VirtualBuffer::new(page, &[device], ReadWrite)?;
 /// out.grow(device, page)?;
-/// let stream = Stream::new(&context)?;
+/// let mut stream = Stream::new(&context)?;
 /// let graph = {
 ///     let (src, mut dst) = (weights.slice_bytes::<u32>(..page)?, out.slice_bytes_mut::<u32>(..)?);
-///     Graph::capture(&stream, |c| c.copy_from_device(&mut dst, src).map(drop))?.park()
+///     Graph::capture(&mut stream, |c| c.copy_from_device(&mut dst, src).map(drop))?.park()
 /// };
 /// let evicted = weights.evict(..)?; // the graph borrows nothing now
 /// weights.restore(evicted)?; // the same addresses, new pages
@@ -80,12 +80,12 @@ use super::{Graph, Instance, Touch};
 /// # fn main() -> cuda_vmm::Result<()> {
 /// # let device = Device::get(0)?;
 /// # let context = Context::new(device)?;
-/// # let stream = Stream::new(&context)?;
+/// # let mut stream = Stream::new(&context)?;
 /// # let mut buffer = VirtualBuffer::new(2 << 20, &[device], ReadWrite)?;
 /// # buffer.grow(device, 2 << 20)?;
 /// # let parked = {
 /// #     let mut view = buffer.slice_bytes_mut::<u32>(..)?;
-/// #     Graph::capture(&stream, |c| c.memset(&mut view, 0).map(drop))?.park()
+/// #     Graph::capture(&mut stream, |c| c.memset(&mut view, 0).map(drop))?.park()
 /// # };
 /// let graph = parked.rebind().writes(&mut buffer).finish()?;
 /// let evicted = buffer.evict(..)?; // the graph writes these pages at every replay
@@ -302,10 +302,10 @@ impl<'g> Rebind<'g> {
     /// let context = Context::new(device)?;
     /// let mut buffer = VirtualBuffer::new(2 << 20, &[device], ReadWrite)?;
     /// buffer.grow(device, 2 << 20)?;
-    /// let stream = Stream::new(&context)?;
+    /// let mut stream = Stream::new(&context)?;
     /// let parked = {
     ///     let mut view = buffer.slice_bytes_mut::<u32>(..)?;
-    ///     Graph::capture(&stream, |c| c.memset(&mut view, 0).map(drop))?.park()
+    ///     Graph::capture(&mut stream, |c| c.memset(&mut view, 0).map(drop))?.park()
     /// };
     /// let evicted = buffer.evict(..)?;
     /// let refused = parked.rebind().writes(&mut buffer).finish().unwrap_err();
