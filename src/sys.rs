@@ -48,7 +48,6 @@ pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 pub(crate) const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
 pub(crate) const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
 // `CU_STREAM_PER_THREAD`: the calling thread's default stream, whichever thread that is.
-#[cfg(feature = "cudarc")]
 pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
 // `CUmemAccess_flags`
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READ: u32 = 1;

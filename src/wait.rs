@@ -27,16 +27,20 @@
 //!    waits again. The graph would hold the addresses of the work queued into it, and could run
 //!    after the scope. The wait then reports [`Error::StreamCapturing`], after the work has
 //!    finished.
-//! 3. A capture that this thread may not end is waited out, polling. That is a capture that
+//! 3. A capture of this thread's per-thread default stream that is in the wait's way is ended
+//!    too, as in step 2: it makes a wait of the legacy default stream an implicit dependency
+//!    (906), refuses a wait of the context, and cannot be ended through a stream that joined it.
+//!    Only this thread can have begun it, so waiting for it to end would wait for this very thread.
+//! 4. A capture that this thread may not end is waited out, polling. That is a capture that
 //!    another stream began and the waited one joined, or that another thread began in a mode other
 //!    than `RELAXED`. So is any capture in the context for a context wait: `cuCtxSynchronize` is
 //!    refused, in `RELAXED` mode too, while any stream of the context captures (measured on an
 //!    H200, `tests/capture_facts.rs`). Polling lasts at most [`CAPTURE_PATIENCE`].
-//! 4. A wait that fails for any other reason is settled with `cuCtxSynchronize`. If that
+//! 5. A wait that fails for any other reason is settled with `cuCtxSynchronize`. If that
 //!    succeeds, every piece of work of the context has finished. If it fails with the same error,
 //!    the error is sticky: the driver repeated it for a call that did not cause it, and a context
 //!    in that state runs no more work. Either way the wait returns the error.
-//! 5. Where none of this can prove the work finished, the process is **aborted**, with a line on
+//! 6. Where none of this can prove the work finished, the process is **aborted**, with a line on
 //!    stderr that starts with `cuda-vmm: aborting:`. That covers a capture that outlasts
 //!    [`CAPTURE_PATIENCE`], an error that is neither repeated nor cleared, and a context that
 //!    cannot be made current for any reason but a driver shutting down. Returning would let
@@ -395,9 +399,10 @@ fn wait(context: sys::CUcontext, target: Target) -> Result<(), Error> {
         let Err(error) = check(code) else {
             return if ended {
                 Err(Error::StreamCapturing {
-                    what: "a stream being waited for was capturing: the wait ended the capture \
-                           and destroyed its graph (which held addresses of lent memory), then \
-                           waited for the work queued before it",
+                    what: "a stream being waited for was capturing, or this thread's per-thread \
+                           default stream captured in the wait's way: the wait ended the capture \
+                           and destroyed its graph (which could hold addresses of lent memory), \
+                           then waited for the work queued before it",
                 })
             } else {
                 Ok(())
@@ -409,6 +414,7 @@ fn wait(context: sys::CUcontext, target: Target) -> Result<(), Error> {
         if let Target::Stream(stream) = target {
             ended |= end_capture(stream);
         }
+        ended |= end_per_thread_capture(target);
         // Also after ending a capture: a thread that keeps beginning new ones is waited out, not
         // spun on.
         patience.pause(error);
@@ -431,6 +437,48 @@ fn settle(error: DriverError, patience: &mut Patience) -> Result<(), Error> {
             )),
         }
     }
+}
+
+/// `cuStreamGetCaptureInfo` — the id of the capture `stream` (of the current context) is in, active
+/// or invalidated; `None` where it captures nothing or cannot be asked.
+fn capture_id(stream: sys::CUstream) -> Option<u64> {
+    let (mut status, mut id) = (sys::CU_STREAM_CAPTURE_STATUS_NONE, 0u64);
+    // SAFETY: `status` and `id` are writable for the call; the optional outputs are null; the
+    // caller passes a live stream of the current context (or the per-thread default stream). The
+    // status is read as an integer, never as an enum.
+    let code = unsafe {
+        sys::cuStreamGetCaptureInfo_v2(
+            stream,
+            &raw mut status,
+            &raw mut id,
+            ptr::null_mut(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+        )
+    };
+    (check(code).is_ok() && status != sys::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id)
+}
+
+/// Ends a capture of this thread's per-thread default stream where it is in the way of `target`,
+/// and destroys its graph: `true` where it did. Only this thread can have begun it (the handle
+/// names the calling thread's own stream), so only this thread can end it, and it cannot while it
+/// waits here: polling would only run out [`CAPTURE_PATIENCE`] and abort. It is in the way of a
+/// wait of the legacy default stream (an implicit dependency on a capturing stream, 906) and of
+/// the context (refused while any of its streams captures), and of a wait of a stream that joined
+/// it (the same capture id). A capture of the per-thread stream that is in no one's way is left
+/// alone.
+fn end_per_thread_capture(target: Target) -> bool {
+    let per_thread = sys::CU_STREAM_PER_THREAD as sys::CUstream;
+    let Some(id) = capture_id(per_thread) else {
+        return false;
+    };
+    let in_the_way = match target {
+        Target::Stream(stream) if stream.is_null() => true,
+        Target::Stream(stream) => capture_id(stream) == Some(id),
+        Target::Context => true,
+        Target::Event(_) => false,
+    };
+    in_the_way && end_capture(per_thread)
 }
 
 /// Ends the capture of `stream` where the driver lets this thread end it (`cuStreamEndCapture`)
