@@ -183,6 +183,12 @@ thread_local! {
     static CAPTURING: Cell<u32> = const { Cell::new(0) };
 }
 
+/// Whether this thread is capturing a graph (`Graph::capture`) now.
+#[cfg(feature = "nccl")]
+pub(crate) fn capturing_here() -> bool {
+    CAPTURING.with(Cell::get) > 0
+}
+
 /// This thread captures a graph for as long as the value lives: its waits go straight to
 /// `RELAXED` mode, where its own `THREAD_LOCAL` capture refuses none of them.
 pub(crate) struct CapturingHere(());
@@ -359,6 +365,13 @@ impl Patience {
 /// once, without waiting and without a sticky error.
 fn is_capture_error(error: DriverError) -> bool {
     (900..=908).contains(&error.code())
+}
+
+/// [`abort`], for the other modules' last resorts (a lent address kept in a graph that outlived
+/// its capture).
+#[cfg(feature = "cudarc")]
+pub(crate) fn abort_process(why: core::fmt::Arguments<'_>) -> ! {
+    abort(why)
 }
 
 /// Prints why, then aborts the process: the last resort where no wait can be proven.

@@ -701,6 +701,205 @@ fn a_collective_queued_under_capture_is_refused() -> TestResult {
     Ok(())
 }
 
+/// `ncclGroupStart` and `ncclGroupEnd` of the same library, called as another binding would
+/// (cudarc's `group_start`): NCCL's group state is the thread's, whoever began it.
+struct OutsideGroup {
+    _library: libloading::Library,
+    start: unsafe extern "C" fn() -> i32,
+    end: unsafe extern "C" fn() -> i32,
+}
+
+impl OutsideGroup {
+    fn load() -> TestResult<OutsideGroup> {
+        // SAFETY: NCCL's runtime library (the one this crate opens), whose initialisers are sound.
+        let library = unsafe { libloading::Library::new("libnccl.so.2") }?;
+        // SAFETY: the C signatures of the two functions, `ncclResult_t` read as `i32`.
+        let (start, end) = unsafe {
+            (
+                *library.get::<unsafe extern "C" fn() -> i32>(b"ncclGroupStart\0")?,
+                *library.get::<unsafe extern "C" fn() -> i32>(b"ncclGroupEnd\0")?,
+            )
+        };
+        Ok(OutsideGroup {
+            _library: library,
+            start,
+            end,
+        })
+    }
+
+    fn start(&self) -> i32 {
+        // SAFETY: no arguments; every test ends the groups it begins.
+        unsafe { (self.start)() }
+    }
+
+    fn end(&self) -> i32 {
+        // SAFETY: no arguments.
+        unsafe { (self.end)() }
+    }
+}
+
+/// A group begun outside the crate (as cudarc's `group_start` does, through the same library):
+/// NCCL would hold a collective queued inside it until that group's end, after the scope's wait.
+/// At 07952f7 the scope returned `Ok` (on one rank the reduction ran anyway; on two it would have
+/// run after the scope). Now: a collective inside such a group is refused before NCCL is called
+/// (`Error::NcclRefused`), and so is a `nccl::group` begun inside one; the outside group is left
+/// as it was (its end succeeds). A group begun inside a `nccl::group` and left open is ended at
+/// the crate's group's end, launching the collective before the scope's wait (its result is
+/// there), begun again for its owner, and reported.
+fn a_group_begun_outside_the_crate_is_refused() -> TestResult {
+    let test = "a_group_begun_outside_the_crate_is_refused";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let outside = OutsideGroup::load()?;
+    let page = page(device);
+    let mut buffer = grown(device, &[page, page])?;
+    let n = page / 4;
+    let input = floats(n, 5);
+    let view = buffer.slice_bytes_mut::<f32>(..2 * page)?;
+    let (mut send, mut recv) = view.split_at_mut(n)?;
+    send.copy_from_host(&input)?;
+    recv.copy_from_host(&vec![0.0; n])?;
+
+    assert_eq!(outside.start(), 0);
+    let result = comm.scope(|s| -> Result<(), Error> {
+        s.all_reduce(&s.lend(&send)?, &mut s.lend_mut(&mut recv)?, ReduceOp::Sum)
+    });
+    let ended = outside.end();
+    println!("{test}: a collective inside an outside group: {result:?}; that group's end {ended}");
+    assert!(
+        matches!(result, Err(Error::NcclRefused { .. })),
+        "{result:?}"
+    );
+    assert_eq!(ended, 0, "{test}: the outside group was left as it was");
+    assert_eq!(recv.to_vec()?, vec![0.0; n], "{test}: nothing was reduced");
+
+    assert_eq!(outside.start(), 0);
+    let grouped = group(|| -> Result<(), Error> { Ok(()) });
+    let ended = outside.end();
+    println!(
+        "{test}: a nccl::group inside an outside group: {grouped:?}; that group's end {ended}"
+    );
+    assert!(
+        matches!(grouped, Err(Error::NcclRefused { .. })),
+        "{grouped:?}"
+    );
+    assert_eq!(ended, 0);
+
+    let mut left_open = 0;
+    let result = comm.scope(|s| -> Result<(), Error> {
+        let (send, mut recv) = (s.lend(&send)?, s.lend_mut(&mut recv)?);
+        group(|| -> Result<(), Error> {
+            left_open = outside.start();
+            s.all_reduce(&send, &mut recv, ReduceOp::Sum)
+        })
+    });
+    let ended = outside.end();
+    println!(
+        "{test}: a group begun inside a nccl::group and left open ({left_open}): {result:?}; its \
+         end afterwards {ended}"
+    );
+    assert!(
+        matches!(result, Err(Error::NcclRefused { .. })),
+        "{result:?}"
+    );
+    assert_eq!(ended, 0, "{test}: the level was begun again for its owner");
+    assert_eq!(outside.end(), 5, "{test}: no group is left open");
+    assert_eq!(
+        recv.to_vec()?,
+        input,
+        "{test}: the collective ran before the scope returned"
+    );
+    Ok(())
+}
+
+/// As [`a_group_begun_outside_the_crate_is_refused`], on two ranks driven by one thread, where an
+/// outside group would have held the collectives past both scopes' waits.
+fn a_group_begun_outside_the_crate_is_refused_on_two_ranks() -> TestResult {
+    let test = "a_group_begun_outside_the_crate_is_refused_on_two_ranks";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let outside = OutsideGroup::load()?;
+    let streams: Vec<_> = gpus.iter().map(|(_, s)| Arc::clone(s)).collect();
+    let comms = Comm::from_devices(&streams)?;
+    let mut buffers = Vec::new();
+    for (device, _) in &gpus {
+        buffers.push(grown(*device, &[page(*device)])?);
+    }
+    let n = page(gpus[0].0) / 4;
+    assert_eq!(outside.start(), 0);
+    for (comm, buffer) in comms.iter().zip(&mut buffers) {
+        let mut view = buffer.slice_bytes_mut::<f32>(..n * 4)?;
+        let result = comm.scope(|s| -> Result<(), Error> {
+            s.all_reduce_in_place(&mut s.lend_mut(&mut view)?, ReduceOp::Sum)
+        });
+        assert!(
+            matches!(result, Err(Error::NcclRefused { .. })),
+            "{test}: {result:?}"
+        );
+    }
+    assert_eq!(outside.end(), 0);
+    Ok(())
+}
+
+/// Registration while a capture that this thread can see is under way is refused before NCCL is
+/// called (`Error::StreamCapturing`): NCCL's driver calls would be refused and invalidate the
+/// capture (vLLM #54626). A capture of the communicator's stream, of this thread's per-thread
+/// default stream (through cudarc), and a `Graph::capture` of this thread; each capture goes on
+/// unharmed, and registration works once it has ended.
+fn registration_under_capture_is_refused() -> TestResult {
+    use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let test = "registration_under_capture_is_refused";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = grown(device, &[page])?;
+    let refused = |r: Result<nccl::Registration<'_, '_, ReadWrite>, Error>, what: &str| {
+        let refused = r.map(drop);
+        println!("{test}: {what}: {refused:?}");
+        assert!(
+            matches!(refused, Err(Error::StreamCapturing { .. })),
+            "{what}: {refused:?}"
+        );
+    };
+
+    let stream = Arc::clone(comm.stream());
+    stream.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    refused(
+        comm.register(&mut buffer, ..),
+        "the communicator's stream capturing",
+    );
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+    assert!(graph.is_some(), "{test}: that capture went on");
+
+    let per_thread = stream.context().per_thread_stream();
+    per_thread.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    refused(
+        comm.register(&mut buffer, ..),
+        "the per-thread stream capturing",
+    );
+    per_thread.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+
+    let context = cuda_vmm::Context::new(device)?;
+    let mut capturing = cuda_vmm::Stream::new(&context)?;
+    let captured = cuda_vmm::stream::Graph::capture(&mut capturing, |_| {
+        refused(
+            comm.register(&mut buffer, ..),
+            "a Graph::capture of this thread",
+        );
+        Ok(())
+    });
+    assert!(
+        captured.is_ok(),
+        "{test}: that capture went on: {captured:?}"
+    );
+
+    comm.register(&mut buffer, ..)?.deregister()?;
+    Ok(())
+}
+
 /// While another thread captures a graph in `GLOBAL` mode (CUDA's default), a scope's end polls
 /// its stream in `RELAXED` mode: the polls are not refused (the scope returns `Ok`, once the 100
 /// all-reduces have finished), and the other thread's capture is not invalidated (its end gives
@@ -1108,7 +1307,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 20] = named![
+    let tests: [Test; 23] = named![
         nccl_loads_or_says_why,
         single_rank_all_reduce_registered_and_not,
         all_four_collectives_on_one_rank,
@@ -1121,6 +1320,9 @@ fn main() -> ExitCode {
         a_scope_returns_once_its_collectives_finished,
         a_capture_at_a_scope_end_is_ended_and_waited_for,
         a_collective_queued_under_capture_is_refused,
+        a_group_begun_outside_the_crate_is_refused,
+        a_group_begun_outside_the_crate_is_refused_on_two_ranks,
+        registration_under_capture_is_refused,
         another_threads_capture_survives_a_scope_end,
         a_peer_that_never_joins_ends_in_an_error,
         non_blocking_single_rank_all_reduces_registers_and_tears_down,

@@ -143,8 +143,8 @@ mod scope;
 pub use id::UniqueId;
 pub use nonblocking::CommOptions;
 pub use register::{Registration, RegistrationStats, Window, WindowMemory, WindowPieces};
-use scope::in_group;
 pub use scope::{CommScope, group};
+use scope::{in_group, no_foreign_group};
 
 use api::RawComm;
 
@@ -262,6 +262,26 @@ impl Core {
         let context: sys::CUcontext = self.context.cu_ctx().cast();
         // SAFETY: a primary context that `self.context` keeps retained.
         check_driver(unsafe { sys::make_current(context) })?;
+        Ok(())
+    }
+
+    /// `Ok` where no capture that this thread can see is under way: the communicator's stream's,
+    /// this thread's per-thread default stream's, or a [`Graph::capture`](crate::stream::Graph)
+    /// of this thread. A registration is refused during one (`Error::StreamCapturing`, before NCCL
+    /// is called): NCCL's registration makes driver calls that a capture of this thread refuses,
+    /// and the refusal invalidates the capture (vLLM #54626: "unhandled cuda error"). Binds the
+    /// communicator's context first.
+    fn not_capturing(&self, stream: sys::CUstream) -> Result<(), Error> {
+        const WHAT: &str = "NCCL registers memory only while no capture of this thread, of its \
+                            per-thread default stream or of the communicator's stream is under \
+                            way: NCCL's driver calls would be refused, invalidating the capture";
+        self.bind()?;
+        if crate::wait::capturing_here()
+            || crate::wait::is_capturing(stream)?
+            || crate::wait::is_capturing(sys::CU_STREAM_PER_THREAD as sys::CUstream)?
+        {
+            return Err(Error::StreamCapturing { what: WHAT });
+        }
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use bytemuck::Pod;
 
 use super::api::{self, RawWindow, WIN_COLL_SYMMETRIC};
-use super::{Comm, Core, in_group};
+use super::{Comm, Core, in_group, no_foreign_group};
 use crate::device::Device;
 use crate::error::Error;
 use crate::owned::{GrantedMapping, VirtualBuffer};
@@ -86,6 +86,8 @@ impl Comm {
     ///
     /// # Errors
     /// Before NCCL is called: [`Error::NcclRefused`] inside a [`group`](super::group);
+    /// [`Error::StreamCapturing`] while the communicator's stream, this thread's per-thread default
+    /// stream, or a [`Graph::capture`](crate::stream::Graph::capture) of this thread captures;
     /// [`Error::OutOfBounds`], [`Error::PageRange`] where the range is outside the budget or not
     /// all mapped ([`VirtualBuffer::slice_bytes`]); [`Error::ZeroSize`] for an empty range;
     /// [`Error::NoPeerAccess`] where the communicator's device is not in the buffer's access set.
@@ -116,6 +118,7 @@ impl Comm {
         // Checked now, so that a registration is never made that could not be undone.
         api::function(api.comm_deregister, "ncclCommDeregister")?;
         self.core.live("ncclCommRegister")?;
+        self.core.not_capturing(self.stream.cu_stream().cast())?;
         let mut handle: *mut c_void = ptr::null_mut();
         // SAFETY: the bytes `[ptr, ptr + end - start)` are mapped and granted to the communicator's
         // device (checked), and stay so while the registration lives: it borrows the buffer
@@ -438,10 +441,12 @@ impl Comm {
     /// communicator is alive meanwhile.
     ///
     /// # Errors
-    /// Before NCCL is called: [`Error::NcclRefused`] inside a [`group`](super::group) (NCCL would
-    /// fill the window in only at the group's end), for memory not exportable as a POSIX file
+    /// Before NCCL is called: [`Error::NcclRefused`] inside a [`group`](super::group), also one
+    /// begun outside this crate (NCCL would fill the window in only at the group's end), for
+    /// memory not exportable as a POSIX file
     /// descriptor, spanning more than 8192 allocations, not granted to the communicator's device,
-    /// or overlapping a window of this communicator; [`Error::NotAligned`] where the first byte is
+    /// or overlapping a window of this communicator; [`Error::StreamCapturing`] as for
+    /// [`register`](Comm::register); [`Error::NotAligned`] where the first byte is
     /// not a multiple of 4096; [`Error::OutOfBounds`], [`Error::ZeroSize`] for the range. Then
     /// [`Error::NcclUnavailable`] where the loaded NCCL has no windows (before 2.27),
     /// [`Error::Nccl`] for its refusal, and [`Error::NcclRefused`] where it returned a null window.
@@ -475,6 +480,9 @@ impl Comm {
         let register = api::function(api.window_register, CALL)?;
         api::function(api.window_deregister, "ncclCommWindowDeregister")?;
         self.core.live(CALL)?;
+        self.core.not_capturing(self.stream.cu_stream().cast())?;
+        // Collective: NCCL defers it inside a group, also one begun outside this crate.
+        no_foreign_group(CALL)?;
         // On the heap: a non-blocking communicator writes the window from NCCL's thread, once the
         // registration is done (at the end of the group NCCL opens inside the call).
         let slot: *mut RawWindow = Box::into_raw(Box::new(ptr::null_mut()));
