@@ -110,19 +110,19 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr;
-use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 #[cfg(feature = "nccl")]
 use core::time::Duration;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ::cudarc::driver::{
-    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice as CudarcSlice, LaunchArgs,
-    PushKernelArg, SyncOnDrop,
+    CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice as CudarcSlice,
+    LaunchArgs, PushKernelArg, SyncOnDrop,
 };
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{DriverResult, Error, check};
+use crate::error::{DriverError, DriverResult, Error, check};
 use crate::stream::lend::StreamId;
 use crate::stream::lend::sealed::Token;
 use crate::stream::{ScopedRead, ScopedWrite};
@@ -253,6 +253,17 @@ struct State<'scope> {
     device: Device,
     /// The first refusal of a lent view, returned by [`scope`].
     refused: Mutex<Option<Error>>,
+    /// The event every cudarc operation that got a lent view's address records on the scope's
+    /// stream once it has queued its work (through the guard `device_ptr` returns): recorded inside
+    /// a capture exactly where the operation was captured. Made when first needed.
+    probe: OnceLock<Option<CudaEvent>>,
+    /// Whether the probe was handed to a guard since the scope began (so that a query means
+    /// something).
+    armed: AtomicBool,
+    /// Set once a query found the probe recorded inside a capture still under way, and thereby
+    /// invalidated it: every later lend is refused, so nothing records the probe again, and the
+    /// capture's end (with no graph) is not taken for one that made a graph.
+    poisoned: AtomicBool,
     /// Invariant in `'scope`: a lent value can neither leave the closure nor hold a borrow that ends
     /// before the wait. `Send` and `Sync`.
     _scope: PhantomData<&'scope mut &'scope ()>,
@@ -289,6 +300,9 @@ impl<'env> Scope<'_, 'env> {
             marker: OnceLock::new(),
             device,
             refused: Mutex::new(None),
+            probe: OnceLock::new(),
+            armed: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
             _scope: PhantomData,
         };
         state.not_capturing()?;
@@ -409,9 +423,25 @@ impl State<'_> {
     /// capture: it ends a capture begun on the scope's stream (and returns
     /// [`Error::StreamCapturing`] then), and returns only once the work has finished.
     fn wait(&self) -> Result<(), Error> {
+        self.last_probe();
         // The stream is alive for the whole scope (the `CudaStream` is borrowed for it), in a
         // context its `CudaContext` keeps retained.
         wait::stream(self.stream.context().cu_ctx().cast(), self.raw_stream())
+    }
+
+    /// At the scope's end, before its wait: the probe's last check ([`probed`](State::probed)),
+    /// whose refusal the scope returns.
+    fn last_probe(&self) {
+        if !self.armed.load(Ordering::Acquire) {
+            return;
+        }
+        let checked = self
+            .bind()
+            .map_err(Error::from)
+            .and_then(|()| self.probed());
+        if let Err(error) = checked {
+            self.refuse(error);
+        }
     }
 
     /// As [`wait`](State::wait), polling the stream and calling `between` between two polls
@@ -421,6 +451,7 @@ impl State<'_> {
         &self,
         between: &dyn Fn(Duration) -> Result<wait::Polling, Error>,
     ) -> Result<(), Error> {
+        self.last_probe();
         // As in `wait`.
         wait::stream_polled(
             self.stream.context().cu_ctx().cast(),
@@ -429,15 +460,90 @@ impl State<'_> {
         )
     }
 
-    /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`).
+    /// `Ok` where the scope's stream is not capturing a graph (`cuStreamIsCapturing`), and no
+    /// operation that got a lent address before was captured ([`probed`](State::probed)).
     fn not_capturing(&self) -> Result<(), Error> {
         self.bind()?;
+        self.probed()?;
         if wait::is_capturing(self.raw_stream())? {
             Err(Error::StreamRefused {
                 why: "it is capturing a graph, which could run the work after the scope",
             })
         } else {
             Ok(())
+        }
+    }
+
+    /// The probe event, made on first use in the scope's context; `None` where the driver refused
+    /// to make one (every guard then waits for the stream instead).
+    fn probe(&self) -> Option<&CudaEvent> {
+        self.probe
+            .get_or_init(|| self.stream.context().new_event(None).ok())
+            .as_ref()
+    }
+
+    /// The guard a lent view's `device_ptr` returns for an operation on `stream`, the scope's
+    /// stream, admitted: it records the probe after the operation is queued. Where cudarc would not
+    /// record it (its context does not track events), the guard waits for the stream instead;
+    /// where the stream is the legacy default stream, which no capture can take (waiting for a
+    /// captured event there is refused: 906, measured), it does nothing.
+    fn guard<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+        if stream.cu_stream().is_null() {
+            return SyncOnDrop::Sync(None);
+        }
+        match self.probe() {
+            Some(probe) if stream.context().is_managing_stream_synchronization() => {
+                self.armed.store(true, Ordering::Release);
+                SyncOnDrop::Record(Some((probe, stream)))
+            }
+            _ => SyncOnDrop::Sync(Some(stream)),
+        }
+    }
+
+    /// `cuEventQuery` of the probe, the scope's context current: `Ok` where no cudarc operation
+    /// that got a lent address was captured into a graph.
+    ///
+    /// A cudarc operation checks the stream before it queues, but its other arguments can pull the
+    /// stream into a capture after that check: cudarc's event tracking makes the stream wait for a
+    /// `CudaSlice`'s last write, and where that write was recorded inside a capture of another
+    /// stream, the wait joins this stream to the capture, and the operation is captured, not run.
+    /// The probe, recorded right after the operation, is then a captured event too, and the query
+    /// tells (measured on an H200, `tests/seam_facts.rs`):
+    /// - `CUDA_ERROR_CAPTURED_EVENT` while the capture is under way, and the query invalidates it:
+    ///   its end makes no graph, and the captured work never runs. The scope is refused from here
+    ///   on ([`Error::StreamCapturing`]);
+    /// - `CUDA_ERROR_INVALID_VALUE` once the capture ended with a graph (also after the graph's
+    ///   destruction, until the next record). A graph may then hold the lent address and replay it
+    ///   after the scope: nothing sound is left, and the process is aborted.
+    fn probed(&self) -> Result<(), Error> {
+        const CAPTURED: &str = "a cudarc operation on a lent view was captured into a graph (its \
+                                stream was pulled into another stream's capture, by cudarc's event \
+                                tracking say); the capture was invalidated, and the scope lends \
+                                nothing more";
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::StreamCapturing { what: CAPTURED });
+        }
+        if !self.armed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(probe) = self.probe() else {
+            return Ok(());
+        };
+        // SAFETY: an event of the scope's context (current: the callers bind it), alive while the
+        // scope is; the query only reads its state. The result is read as an integer.
+        let code = unsafe { sys::cuEventQuery(probe.cu_event().cast()) };
+        match DriverError::from_raw(code) {
+            Some(e) if (900..=908).contains(&e.code()) => {
+                self.poisoned.store(true, Ordering::Release);
+                Err(Error::StreamCapturing { what: CAPTURED })
+            }
+            Some(e) if e == DriverError::INVALID_VALUE => wait::abort_process(format_args!(
+                "a cudarc operation on a view lent to a scope was captured into a graph that \
+                 outlived its capture (the scope's probe event was last recorded inside it): the \
+                 graph may replay the lent address after the scope"
+            )),
+            // Not ready, complete, or a sticky error that the scope's wait reports.
+            _ => Ok(()),
         }
     }
 
@@ -460,9 +566,15 @@ impl State<'_> {
         never_mapped(bytes, self.device)
     }
 
-    /// The address an operation on `stream` gets: `ptr` for the scope's own stream while it is not
-    /// capturing, `never_mapped` (and a refusal the scope returns) otherwise.
-    fn address(&self, stream: &CudaStream, ptr: u64, never_mapped: u64) -> u64 {
+    /// The address an operation on `stream` gets, with its guard: `ptr` and the probe's guard
+    /// ([`guard`](State::guard)) for the scope's own stream while it is not capturing and nothing
+    /// lent was captured; `never_mapped` and no guard (and a refusal the scope returns) otherwise.
+    fn address<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+        ptr: u64,
+        never_mapped: u64,
+    ) -> (u64, SyncOnDrop<'a>) {
         let admitted = if ptr::eq(stream, Arc::as_ptr(self.stream)) {
             self.not_capturing()
         } else {
@@ -473,10 +585,10 @@ impl State<'_> {
             })
         };
         match admitted {
-            Ok(()) => ptr,
+            Ok(()) => (ptr, self.guard(stream)),
             Err(error) => {
                 self.refuse(error);
-                never_mapped
+                (never_mapped, SyncOnDrop::Sync(None))
             }
         }
     }
@@ -704,16 +816,14 @@ impl<T: Pod> DevicePtr<T> for Lent<'_, T> {
     /// The view's address for an operation on the scope's stream; a never-mapped address (and a
     /// refusal the scope returns) otherwise. The guard is empty: the scope waits for the stream.
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        let ptr = self.state.address(stream, self.ptr, self.never_mapped);
-        (ptr, SyncOnDrop::Sync(None))
+        self.state.address(stream, self.ptr, self.never_mapped)
     }
 }
 
 impl<T: Pod> DevicePtr<T> for LentMut<'_, T> {
     /// As for [`Lent`].
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        let ptr = self.state.address(stream, self.ptr, self.never_mapped);
-        (ptr, SyncOnDrop::Sync(None))
+        self.state.address(stream, self.ptr, self.never_mapped)
     }
 }
 
@@ -721,8 +831,7 @@ impl<T: Pod> DevicePtrMut<T> for LentMut<'_, T> {
     /// As `device_ptr`: the view's address for an operation on the scope's stream, a never-mapped
     /// address otherwise.
     fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        let ptr = self.state.address(stream, self.ptr, self.never_mapped);
-        (ptr, SyncOnDrop::Sync(None))
+        self.state.address(stream, self.ptr, self.never_mapped)
     }
 }
 
