@@ -121,7 +121,7 @@ fn two_streams(
         let start = Instant::now();
         cuda_vmm::scope(|s| {
             let (up, down) = (s.on(up), s.on(down));
-            let host_chunks = input.chunks(chunk).zip(output.chunks_mut(chunk));
+            let host_chunks = input.chunks(chunk).zip(output.chunks_mut(chunk)?);
             for (i, (device_chunk, (from, to))) in
                 device_chunks.iter_mut().zip(host_chunks).enumerate()
             {
@@ -165,7 +165,7 @@ fn one_stream(
         let start = Instant::now();
         cuda_vmm::scope(|s| {
             let q = s.on(stream);
-            let host_chunks = input.chunks(chunk).zip(output.chunks_mut(chunk));
+            let host_chunks = input.chunks(chunk).zip(output.chunks_mut(chunk)?);
             for (device_chunk, (from, to)) in device_chunks.iter_mut().zip(host_chunks) {
                 let on_device = q.copy_from_host(device_chunk, from)?;
                 q.copy_to_host(to, on_device)?;

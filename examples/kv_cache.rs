@@ -30,13 +30,14 @@ mod common;
 
 use std::ffi::CString;
 use std::process::ExitCode;
-use std::slice::ChunksMut;
 use std::time::{Duration, Instant};
 
 use common::{ExampleResult, check, first_vmm_device_or_none, pattern, verify};
 use cuda_vmm::module::Function;
 use cuda_vmm::owned::{ScopedBuffer, SharedPage};
-use cuda_vmm::stream::{DeviceInFlight, KernelArg, Rewritable, Scope, ScopedRead, ScopedStream};
+use cuda_vmm::stream::{
+    DeviceInFlight, KernelArg, PinnedChunks, Rewritable, Scope, ScopedRead, ScopedStream,
+};
 use cuda_vmm::{
     Context, Device, Error, Event, Granularity, Module, PinnedBuffer, ReadOnly, ReadWrite, Stream,
     VirtualBuffer, align_size, allocation_granularity,
@@ -162,7 +163,7 @@ struct Decoding<'scope> {
     /// Its last token, as the kernel that wrote it returned it.
     last: Option<DeviceInFlight<'scope, u32>>,
     /// Where each of its tokens is downloaded, in order.
-    out: ChunksMut<'scope, u32>,
+    out: PinnedChunks<'scope, u32>,
 }
 
 impl KvCache {
@@ -207,14 +208,16 @@ impl KvCache {
         let mut sequences: Vec<Decoding<'scope>> = outputs
             .iter_mut()
             .enumerate()
-            .map(|(id, out)| Decoding {
-                id,
-                tokens: 0,
-                mapped: 0,
-                last: None,
-                out: out.chunks_mut(TOKEN_BYTES / 4),
+            .map(|(id, out)| {
+                Ok(Decoding {
+                    id,
+                    tokens: 0,
+                    mapped: 0,
+                    last: None,
+                    out: out.chunks_mut(TOKEN_BYTES / 4)?,
+                })
             })
-            .collect();
+            .collect::<Result<_, cuda_vmm::Error>>()?;
         let free_mib = || context.memory_info().map(|(free, _)| free >> 20);
         let late = JOINS_AT.iter().filter(|&&at| at > 0).count();
         println!(

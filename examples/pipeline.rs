@@ -35,7 +35,7 @@ use common::{ExampleResult, check, pattern, two_or_more_devices_or_none, verify}
 use cuda_vmm::{
     Context, DeviceBuffer, DeviceSlice, DeviceSliceMut, Error, Event, Granularity, Module,
     PhysicalAllocation, PinnedBuffer, ReadWrite, Stream, VirtualReservation, align_size,
-    allocation_granularity, module::Function, peer::can_access_peer,
+    allocation_granularity, module::Function, peer::can_access_peer, stream::PinnedSliceMut,
 };
 
 /// Batches per run.
@@ -80,7 +80,7 @@ struct Batches<'s, 'v, 'r> {
     inputs: &'s [DeviceSlice<'v, u32>],
     slots: &'s mut [DeviceSliceMut<'v, u32>],
     /// Staged path: pinned host memory and GPU 1's landing buffers (unused over the link).
-    hops: &'s mut [u32],
+    hops: PinnedSliceMut<'s, u32>,
     landings: &'s mut [DeviceSliceMut<'r, u32>],
     outputs: &'s mut [DeviceSliceMut<'r, u32>],
 }
@@ -205,7 +205,7 @@ fn timed_runs<'v>(
             let mut batches = Batches {
                 inputs,
                 slots: &mut *slots,
-                hops: &mut hop,
+                hops: hop.as_pinned_mut(),
                 landings: &mut landings,
                 outputs: &mut outputs,
             };
@@ -244,7 +244,7 @@ fn pipeline(
     let ns = u64::try_from(STAGE.as_nanos()).unwrap_or(u64::MAX);
     cuda_vmm::scope(|s| {
         let (gpu0, gpu1) = (s.on(stages.gpu0), s.on(stages.gpu1));
-        let mut hops = batches.hops.chunks_mut(BATCH);
+        let mut hops = batches.hops.chunks_mut(BATCH)?;
         let mut landings = batches.landings.iter_mut();
         let work = batches
             .inputs

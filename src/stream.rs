@@ -27,8 +27,10 @@ mod scope;
 pub use event::Event;
 pub use graph::{Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind};
 pub use launch::{KernelArg, KernelArgs};
-pub use lend::{DeviceInFlight, HostInFlight, HostSource, Rewritable, ScopedRead, ScopedWrite};
-pub use pinned::PinnedBuffer;
+pub use lend::{
+    DeviceInFlight, HostInFlight, HostSource, HostTarget, Rewritable, ScopedRead, ScopedWrite,
+};
+pub use pinned::{PinnedBuffer, PinnedChunks, PinnedSliceMut};
 pub use scope::{Scope, ScopedStream, scope};
 
 /// A stream of one device's primary context: the work queued on it runs in order, and alongside the

@@ -536,24 +536,24 @@ fn forgetting_lent_values_and_guards_is_harmless() -> TestResult {
     Ok(())
 }
 
-/// The limit that the interop does not cover, shown: cudarc's `memcpy_dtoh` treats every `&mut [T]`
-/// as pageable memory, which the driver copies into before returning, and so returns as soon as the
-/// copy is queued. With page-locked memory behind the slice (a `PinnedBuffer`, dereferenced) the
-/// driver copies asynchronously, so the copy is still running when cudarc returns: an event recorded
-/// right after it has not completed. Reading the buffer inside the scope would then be a data race
-/// in safe code; the safety table says so, and this crate's own `ScopedStream::copy_to_host` is the
-/// sound path. The test reads the buffer only after the scope, which waited for the copy.
+/// cudarc's `memcpy_dtoh` treats every `&mut [T]` as pageable memory and returns once its copy is
+/// queued. Into pageable memory the driver copies before returning, so the bytes are there when
+/// cudarc returns: an event recorded right after the copy has completed, and the bytes are read
+/// inside the scope. Page-locked memory is the one destination into which the copy would still run
+/// after the return (16 382 of 16 384 blocks unwritten, measured at 07952f7 through a dereferenced
+/// `PinnedBuffer`), and no safe code gives cudarc one: a `PinnedBuffer` hands out no `&mut [T]`
+/// (`ui-tests/stream/pinned_buffer_as_mut_slice`), and cudarc's own page-locked memory is made by
+/// an `unsafe` function and synchronises itself.
 #[test]
-fn cudarc_copy_into_page_locked_memory_returns_before_the_copy_ends() -> TestResult {
+fn cudarc_copy_into_host_memory_returns_once_done() -> TestResult {
     let _serial = serial();
-    let test = "cudarc_copy_into_page_locked_memory_returns_before_the_copy_ends";
+    let test = "cudarc_copy_into_host_memory_returns_once_done";
     let Some(devices) = devices_or_skip(test, 1) else {
         return Ok(());
     };
     let device = devices[0];
     let ctx = CudaContext::new(device.ordinal())?;
     let stream = ctx.new_stream()?;
-    let ours = Context::new(device)?;
     let bytes = 1 << 30;
     let mut buffer = VirtualBuffer::new(bytes, &[device], ReadWrite)?;
     buffer.grow(device, bytes)?;
@@ -561,23 +561,21 @@ fn cudarc_copy_into_page_locked_memory_returns_before_the_copy_ends() -> TestRes
         .slice_bytes_mut::<u8>(..)?
         .copy_from_host(&vec![7u8; bytes])?;
     let view = buffer.slice_bytes::<u8>(..)?;
-    let mut host = PinnedBuffer::<u8>::zeroed(&ours, bytes)?;
-    let mut running_after_return = false;
+    let mut host = vec![0u8; bytes];
+    let mut complete_on_return = false;
+    let mut read_in_scope = false;
     scope(&stream, |s| -> TestResult {
         let lent = s.lend(view)?;
-        stream.memcpy_dtoh(&lent, host.as_mut_slice())?;
+        stream.memcpy_dtoh(&lent, &mut host)?;
         let after = stream.record_event(None)?;
-        running_after_return = !after.is_complete();
+        complete_on_return = after.is_complete();
+        read_in_scope = host.iter().all(|&b| b == 7);
         Ok(())
     })?;
     assert!(
-        running_after_return,
-        "cudarc's copy into page-locked memory had finished when it returned: if cudarc now waits \
-         for it, the interop's documented limit is gone and its docs should say so"
+        complete_on_return,
+        "cudarc's copy into pageable memory was still running when it returned"
     );
-    assert!(
-        host.iter().all(|&b| b == 7),
-        "the scope waited for the copy"
-    );
+    assert!(read_in_scope, "the bytes were there when cudarc returned");
     Ok(())
 }

@@ -481,7 +481,7 @@ fn evictions_into_kept_pinned_memory() {
         assert_eq!(ctx.memory_info().unwrap().0, free_mapped);
         // Longer: the bytes at its start, the rest as it was.
         let mut host = cuda_vmm::PinnedBuffer::<u8>::zeroed(&ctx, 3 * g).unwrap();
-        host[2 * g..].fill(0xa5);
+        host.slice_mut(2 * g..).unwrap().fill(0xa5);
         let at = host.as_ptr();
         for round in 0..20u32 {
             let evicted = buffer.evict_into(.., host).unwrap();

@@ -521,7 +521,7 @@ fn a_parked_graph_is_refused_while_evicted_and_replays_after_restore() {
     let parked = {
         let src = weights.slice_bytes::<u32>(..g).unwrap();
         let mut dst = out.slice_bytes_mut::<u32>(..).unwrap();
-        let host_view: &mut [u32] = &mut host;
+        let host_view = host.as_pinned_mut();
         let graph = Graph::capture(&mut stream, |c| {
             // SAFETY: as above.
             let ((sum, (), ()), _) =
@@ -539,7 +539,7 @@ fn a_parked_graph_is_refused_while_evicted_and_replays_after_restore() {
     // Cleared, so that the replay after the restore is seen to write them again.
     let mut out_view = out.slice_bytes_mut::<u32>(..).unwrap();
     out_view.copy_from_host(&zeros).unwrap();
-    host.copy_from_slice(&zeros);
+    host.copy_from_slice(&zeros).unwrap();
 
     let free_mapped = free_memory(&ctx);
     let evicted = weights.evict(..g).unwrap();

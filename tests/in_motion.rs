@@ -324,7 +324,7 @@ fn two_slots_serve_a_hundred_batches_in_one_scope() {
         let (w, o) = (s.on(&work), s.on(&other));
         let kv = cache.in_scope(s);
         let mut ring = [kv.write::<u32>(0..g / 2)?, kv.write::<u32>(g / 2..g)?];
-        for (i, (batch, out)) in pinned.iter().zip(outputs.chunks_mut(n)).enumerate() {
+        for (i, (batch, out)) in pinned.iter().zip(outputs.chunks_mut(n)?).enumerate() {
             let written = w.copy_from_host(&mut ring[i % 2], batch)?;
             w.copy_to_host(out, written)?;
         }
@@ -390,13 +390,13 @@ fn scoped_views_are_checked_before_the_driver() {
         // A stream the scope does not know: refused before any work is queued.
         let outsider = {
             let inner = cuda_vmm::scope(|inner| {
-                let refused = inner.on(&stranger).copy_to_host(&mut host[..], read);
+                let refused = inner.on(&stranger).copy_to_host(&mut host, read);
                 Ok(matches!(refused, Err(Error::StreamRefused { .. })))
             });
             inner?
         };
         assert!(outsider, "a view lent to a stream of another scope");
-        w.copy_to_host(&mut host[..], read)?;
+        w.copy_to_host(&mut host, read)?;
         Ok(())
     })
     .unwrap();
@@ -447,7 +447,7 @@ fn sixteen_threads_grow_and_retire_in_one_scope() {
                             let at = kv.grow(device, g)?;
                             let mut page = kv.write::<u32>(at..at + g)?;
                             let written = on.copy_from_host(&mut page, input)?;
-                            on.copy_to_host(&mut out[..], written)?;
+                            on.copy_to_host(&mut *out, written)?;
                             assert_eq!(kv.retire(at..at + g)?, 1);
                         }
                         Ok(())
@@ -515,7 +515,7 @@ fn fault_round(
         "a shared page over a mapped one"
     );
     let data = pattern(host.len(), round);
-    host.copy_from_slice(&data);
+    host.copy_from_slice(&data).unwrap();
     let mut back = vec![0u32; host.len()];
     cuda_vmm::scope(|s| {
         let w = s.on(work);
@@ -1053,7 +1053,7 @@ fn scoped_evict_round(
         assert_eq!(kv.reclaim()?, 1);
         kv.restore(w, evicted)?;
         let back = kv.read::<u32>(..3 * g)?;
-        w.copy_to_host(&mut out[..], back)?;
+        w.copy_to_host(&mut *out, back)?;
         Ok(())
     })
     .unwrap();

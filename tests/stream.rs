@@ -312,7 +312,7 @@ fn queued_copies_give_the_synchronous_results() {
             let (first, second) = halves_view.slice_mut(..).unwrap().split_at_mut(n / 2)?;
             q.memset(first, 0xab)?;
             let from_pinned = q.copy_from_host(second, &pinned[n / 2..])?;
-            q.copy_to_host(&mut back[n / 2..], from_pinned)?;
+            q.copy_to_host(back.slice_mut(n / 2..)?, from_pinned)?;
             Ok(())
         })
         .unwrap();

@@ -41,7 +41,9 @@ use crate::wait;
 use super::Stream;
 use super::launch::KernelArgs;
 use super::lend::sealed::Touch;
-use super::lend::{DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite, sealed};
+use super::lend::{
+    DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite, sealed,
+};
 use super::queue::{self, Queue};
 use super::scope::ScopedStream;
 
@@ -508,7 +510,7 @@ impl<'g> Capture<'_, 'g> {
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn copy_to_host<T: Pod>(
         &self,
-        dst: &'g mut [T],
+        dst: impl HostTarget<'g, T>,
         src: impl ScopedRead<'g, T>,
     ) -> Result<HostInFlight<'g, T>, Error> {
         queue::copy_to_host(self, dst, src)

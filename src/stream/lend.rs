@@ -13,7 +13,7 @@ use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 
 use super::event::Event;
-use super::pinned::PinnedBuffer;
+use super::pinned::{PinnedBuffer, PinnedSliceMut};
 use super::scope::ScopedStream;
 #[cfg(doc)]
 use super::scope::scope;
@@ -207,6 +207,7 @@ pub(crate) mod sealed {
     pub trait Read {}
     pub trait Write {}
     pub trait Host {}
+    pub trait HostMut {}
     pub trait Arg {}
     pub trait Args {}
 
@@ -691,6 +692,41 @@ impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
     }
     fn check_reach(&self, device: Device) -> Result<(), Error> {
         reachable(&self.view, device)
+    }
+}
+
+/// Host memory lent to a queued download as its destination, exclusively, for the rest of a scope:
+/// a `&'scope mut [T]` (pageable memory: a `Vec`'s, say), a `&'scope mut` [`PinnedBuffer<T>`], or a
+/// [`PinnedSliceMut<'scope, T>`] of one (by value or `&'scope mut`). Sealed.
+pub trait HostTarget<'scope, T>: sealed::HostMut {
+    /// The address and length, writable for `'scope` and used by nothing else. Code outside the
+    /// crate can call it, to no harm: a raw pointer gives nothing without `unsafe`.
+    #[doc(hidden)]
+    fn host_parts_mut(self) -> (*mut T, usize);
+}
+
+impl<T: Pod> sealed::HostMut for &mut [T] {}
+impl<'scope, T: Pod> HostTarget<'scope, T> for &'scope mut [T] {
+    fn host_parts_mut(self) -> (*mut T, usize) {
+        (self.as_mut_ptr(), self.len())
+    }
+}
+impl<T: Pod> sealed::HostMut for &mut PinnedBuffer<T> {}
+impl<'scope, T: Pod> HostTarget<'scope, T> for &'scope mut PinnedBuffer<T> {
+    fn host_parts_mut(self) -> (*mut T, usize) {
+        self.as_pinned_mut().raw_parts()
+    }
+}
+impl<T: Pod> sealed::HostMut for PinnedSliceMut<'_, T> {}
+impl<'scope, T: Pod> HostTarget<'scope, T> for PinnedSliceMut<'scope, T> {
+    fn host_parts_mut(self) -> (*mut T, usize) {
+        self.raw_parts()
+    }
+}
+impl<T: Pod> sealed::HostMut for &mut PinnedSliceMut<'_, T> {}
+impl<'scope, T: Pod> HostTarget<'scope, T> for &'scope mut PinnedSliceMut<'_, T> {
+    fn host_parts_mut(self) -> (*mut T, usize) {
+        self.raw_parts()
     }
 }
 

@@ -3,7 +3,7 @@
 use core::ffi::c_void;
 use core::fmt;
 use core::marker::PhantomData;
-use core::ops::{Deref, DerefMut};
+use core::ops::{Deref, Range, RangeBounds};
 use core::ptr::{self, NonNull};
 
 use bytemuck::Pod;
@@ -19,9 +19,34 @@ use super::scope::scope;
 /// overlap with other work: `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, so usable by the
 /// streams of every device. Freed on drop (`cuMemFreeHost`).
 ///
-/// Read and written as a `[T]` (it dereferences to one), and lent to queued copies inside [`scope`]
-/// (`&buffer` as a source, `&mut buffer` or `&mut buffer[range]` as a destination), over and over:
-/// pinning memory costs far more than copying it, so keep a buffer rather than making one per copy.
+/// Read as a `[T]` (it dereferences to one), written through [`copy_from_slice`], [`fill`] and
+/// [`fill_with`] (or a [`PinnedSliceMut`] of part of it), and lent to queued copies inside
+/// [`scope`] (`&buffer` as a source; `&mut buffer`, or a [`PinnedSliceMut`] from
+/// [`slice_mut`](PinnedBuffer::slice_mut) or [`chunks_mut`](PinnedBuffer::chunks_mut), as a
+/// destination), over and over: pinning memory costs far more than copying it, so keep a buffer
+/// rather than making one per copy.
+///
+/// # No `&mut [T]`
+/// The buffer never hands out a `&mut [T]` (nor a `&mut T`). Page-locked memory is what a
+/// device-to-host copy writes asynchronously: a library that takes a `&mut [T]` as the destination
+/// of a copy it queues and believes pageable (cudarc's `memcpy_dtoh`, whose driver call then
+/// returns before the DMA has written a byte; measured on an H200) would return with the DMA still
+/// writing, and a read of the buffer after the call would race it. Only this crate's own copies
+/// write it, and they borrow it until their scope has waited.
+///
+/// ```compile_fail,E0596
+/// # use cuda_vmm::{Context, Device, PinnedBuffer};
+/// # fn main() -> Result<(), cuda_vmm::Error> {
+/// # let context = Context::new(Device::get(0)?)?;
+/// let mut buffer = PinnedBuffer::<u32>::zeroed(&context, 1024)?;
+/// let slice: &mut [u32] = &mut buffer; // cudarc's `memcpy_dtoh` would write it after returning
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [`copy_from_slice`]: PinnedBuffer::copy_from_slice
+/// [`fill`]: PinnedBuffer::fill
+/// [`fill_with`]: PinnedBuffer::fill_with
 ///
 /// The buffer keeps the primary context it was pinned in retained: a primary context released by
 /// its last user is reset, which would unpin the memory while the buffer still owned it. It makes
@@ -101,12 +126,12 @@ impl<T: Pod> PinnedBuffer<T> {
     /// `cuMemHostAlloc` — `len` values of `T` in page-locked host memory that nothing here writes:
     /// for memory the driver's copies fill whole before anything reads it (an eviction's bytes),
     /// where zeroing first would cost more than the copies (a memset of 1 GiB against a copy at the
-    /// host link's speed). Write it only through [`as_raw_mut_ptr`](PinnedBuffer::as_raw_mut_ptr).
+    /// host link's speed). Write it only through [`as_mut_ptr`](PinnedBuffer::as_mut_ptr).
     ///
     /// # Safety
-    /// No reference to the values (`Deref`, `DerefMut`, [`as_slice`](PinnedBuffer::as_slice), ...)
+    /// No reference to the values (`Deref`, [`as_slice`](PinnedBuffer::as_slice), ...)
     /// may be made, and nothing may read them, before every value has been written: by copies of
-    /// the driver that have completed, or by the host through the raw pointer. A buffer dropped
+    /// the driver that have completed, or by the host through the raw pointer ([`as_mut_ptr`](PinnedBuffer::as_mut_ptr)). A buffer dropped
     /// before that is merely freed.
     ///
     /// # Errors
@@ -116,9 +141,10 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     /// The start of the values, as a raw pointer made from the allocation itself (no reference to
-    /// the values is made): for the driver's copies into an [`unfilled`](PinnedBuffer::unfilled)
-    /// buffer.
-    pub(crate) fn as_raw_mut_ptr(&mut self) -> *mut T {
+    /// the values is made): an escape hatch for raw driver copies. Writing through it is `unsafe`
+    /// and the caller's to prove; the buffer is borrowed exclusively only for this call.
+    #[must_use]
+    pub fn as_mut_ptr(&mut self) -> *mut T {
         self.ptr.as_ptr()
     }
 
@@ -176,10 +202,275 @@ impl<T: Pod> PinnedBuffer<T> {
         self
     }
 
-    /// The values, as a mutable slice.
+    /// All the values, as a writable window of page-locked memory (no `&mut [T]`: see
+    /// [No `&mut [T]`](PinnedBuffer#no-mut-t)).
     #[must_use]
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        self
+    pub fn as_pinned_mut(&mut self) -> PinnedSliceMut<'_, T> {
+        PinnedSliceMut {
+            ptr: self.ptr,
+            len: self.len,
+            _memory: PhantomData,
+        }
+    }
+
+    /// The values of `range`, as a writable window of page-locked memory.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the buffer.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<PinnedSliceMut<'_, T>> {
+        self.as_pinned_mut().into_slice(range)
+    }
+
+    /// The values in windows of `chunk` values each (the last one shorter), in order: one
+    /// destination per queued download, say.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero `chunk`.
+    pub fn chunks_mut(&mut self, chunk: usize) -> Result<PinnedChunks<'_, T>> {
+        self.as_pinned_mut().into_chunks(chunk)
+    }
+
+    /// Copies `src`, as long as the buffer, into it.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ.
+    pub fn copy_from_slice(&mut self, src: &[T]) -> Result<()> {
+        self.as_pinned_mut().copy_from_slice(src)
+    }
+
+    /// Sets every value to `value`.
+    pub fn fill(&mut self, value: T) {
+        self.as_pinned_mut().fill(value);
+    }
+
+    /// Sets value `i` to `f(i)`, for every `i` in order.
+    pub fn fill_with(&mut self, f: impl FnMut(usize) -> T) {
+        self.as_pinned_mut().fill_with(f);
+    }
+}
+
+/// Part of a [`PinnedBuffer`], borrowed exclusively: read as a `[T]`, written through
+/// [`copy_from_slice`](PinnedSliceMut::copy_from_slice), [`fill`](PinnedSliceMut::fill) and
+/// [`fill_with`](PinnedSliceMut::fill_with), and lent to a queued download as its destination
+/// ([`ScopedStream::copy_to_host`](super::ScopedStream::copy_to_host)). It gives no `&mut [T]`, for
+/// the reason the buffer gives none ([No `&mut [T]`](PinnedBuffer#no-mut-t)).
+///
+/// # Lifetimes
+/// `'a` is the exclusive borrow of the buffer.
+pub struct PinnedSliceMut<'a, T> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// The buffer's values, borrowed exclusively for `'a`: covariant in `'a`, invariant in `T`.
+    _memory: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: an exclusive borrow of values in page-locked host memory, as `&mut [T]` is `Send` where
+// `T` is.
+unsafe impl<T: Send> Send for PinnedSliceMut<'_, T> {}
+// SAFETY: `&PinnedSliceMut<T>` gives only `&[T]`, which is `Sync` where `T` is.
+unsafe impl<T: Sync> Sync for PinnedSliceMut<'_, T> {}
+
+impl<T: Pod> fmt::Debug for PinnedSliceMut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedSliceMut")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T: Pod> Deref for PinnedSliceMut<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` initialised values of `T` of the buffer, borrowed exclusively by `self` for
+        // `'a` and shared with the caller for the borrow of `self`. Queued work writes them only
+        // while `self` (or the buffer) is lent to a scope, during which this cannot be called.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<'a, T: Pod> PinnedSliceMut<'a, T> {
+    /// The window again, borrowed from this one for a shorter time.
+    #[must_use]
+    pub fn as_pinned_mut(&mut self) -> PinnedSliceMut<'_, T> {
+        PinnedSliceMut {
+            ptr: self.ptr,
+            len: self.len,
+            _memory: PhantomData,
+        }
+    }
+
+    /// The values of `range`, borrowed from this window.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the window.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<PinnedSliceMut<'_, T>> {
+        self.as_pinned_mut().into_slice(range)
+    }
+
+    /// The window in windows of `chunk` values each (the last one shorter), borrowed from it.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero `chunk`.
+    pub fn chunks_mut(&mut self, chunk: usize) -> Result<PinnedChunks<'_, T>> {
+        self.as_pinned_mut().into_chunks(chunk)
+    }
+
+    /// The values of `range` of this window.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the window.
+    pub fn into_slice(self, range: impl RangeBounds<usize>) -> Result<PinnedSliceMut<'a, T>> {
+        let Range { start, end } = bounds(range, self.len)?;
+        Ok(PinnedSliceMut {
+            // SAFETY: `start <= len` (checked), so the pointer stays inside the window or one past
+            // its end.
+            ptr: unsafe { self.ptr.add(start) },
+            len: end - start,
+            _memory: PhantomData,
+        })
+    }
+
+    /// The window split at `mid` into two disjoint windows.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] where `mid` is past the end.
+    pub fn split_at(self, mid: usize) -> Result<(PinnedSliceMut<'a, T>, PinnedSliceMut<'a, T>)> {
+        if mid > self.len {
+            return Err(Error::OutOfBounds {
+                what: "pinned values",
+                start: mid,
+                end: mid,
+                len: self.len,
+            });
+        }
+        let head = PinnedSliceMut {
+            ptr: self.ptr,
+            len: mid,
+            _memory: PhantomData,
+        };
+        Ok((head, self.into_slice(mid..)?))
+    }
+
+    /// The window in windows of `chunk` values each (the last one shorter), in order.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a zero `chunk`.
+    pub fn into_chunks(self, chunk: usize) -> Result<PinnedChunks<'a, T>> {
+        if chunk == 0 {
+            return Err(Error::ZeroSize {
+                what: "chunk length",
+            });
+        }
+        Ok(PinnedChunks { rest: self, chunk })
+    }
+
+    /// Copies `src`, as long as the window, into it.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ.
+    pub fn copy_from_slice(&mut self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::LengthMismatch {
+                expected: self.len,
+                found: src.len(),
+            });
+        }
+        // SAFETY: the window's `len` values are writable, borrowed exclusively by `self` (no queued
+        // work holds them now); `src` is Rust memory, which cannot overlap pinned memory lent here.
+        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), self.len) };
+        Ok(())
+    }
+
+    /// Sets every value to `value`.
+    pub fn fill(&mut self, value: T) {
+        self.fill_with(|_| value);
+    }
+
+    /// Sets value `i` to `f(i)`, for every `i` in order.
+    pub fn fill_with(&mut self, mut f: impl FnMut(usize) -> T) {
+        for i in 0..self.len {
+            let value = f(i);
+            // SAFETY: `i < len`: a value of the window, writable and borrowed exclusively by `self`;
+            // written by value, with no reference made to it.
+            unsafe { self.ptr.as_ptr().add(i).write(value) };
+        }
+    }
+
+    /// The start and the length, for the crate's queued downloads (which borrow `self` for their
+    /// scope).
+    pub(crate) fn raw_parts(&self) -> (*mut T, usize) {
+        (self.ptr.as_ptr(), self.len)
+    }
+}
+
+/// The windows of [`PinnedBuffer::chunks_mut`] and [`PinnedSliceMut::into_chunks`]: `chunk` values
+/// each, the last one shorter, disjoint, in order.
+pub struct PinnedChunks<'a, T> {
+    /// What the next windows are cut from.
+    rest: PinnedSliceMut<'a, T>,
+    /// Not zero.
+    chunk: usize,
+}
+
+impl<T: Pod> fmt::Debug for PinnedChunks<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedChunks")
+            .field("rest", &self.rest)
+            .field("chunk", &self.chunk)
+            .finish()
+    }
+}
+
+impl<'a, T: Pod> Iterator for PinnedChunks<'a, T> {
+    type Item = PinnedSliceMut<'a, T>;
+
+    fn next(&mut self) -> Option<PinnedSliceMut<'a, T>> {
+        if self.rest.len == 0 {
+            return None;
+        }
+        let take = self.chunk.min(self.rest.len);
+        let next = PinnedSliceMut {
+            ptr: self.rest.ptr,
+            len: take,
+            _memory: PhantomData,
+        };
+        // SAFETY: `take <= len`: the pointer stays inside the window or one past its end; the
+        // window handed out and the rest are disjoint.
+        self.rest.ptr = unsafe { self.rest.ptr.add(take) };
+        self.rest.len -= take;
+        Some(next)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.rest.len.div_ceil(self.chunk);
+        (n, Some(n))
+    }
+}
+
+impl<T: Pod> ExactSizeIterator for PinnedChunks<'_, T> {}
+
+/// `range` of `len` values, checked.
+fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<Range<usize>> {
+    use core::ops::Bound;
+    let start = match range.start_bound() {
+        Bound::Included(&s) => Some(s),
+        Bound::Excluded(&s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => Some(len),
+    };
+    match (start, end) {
+        (Some(start), Some(end)) if start <= end && end <= len => Ok(start..end),
+        (start, end) => Err(Error::OutOfBounds {
+            what: "pinned values",
+            start: start.unwrap_or(usize::MAX),
+            end: end.unwrap_or(usize::MAX),
+            len,
+        }),
     }
 }
 
@@ -190,13 +481,6 @@ impl<T: Pod> Deref for PinnedBuffer<T> {
         // made), owned by `self` and borrowed shared with it. Queued work writes the memory only
         // while `self` is borrowed mutably for a scope, during which this cannot be called.
         unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl<T: Pod> DerefMut for PinnedBuffer<T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        // SAFETY: as for `deref`, borrowed exclusively with `self`, which no queued work holds now.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -237,8 +521,20 @@ fn host_bytes<T>(len: usize) -> Result<usize, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::host_bytes;
+    use core::ops::Bound;
+
+    use super::{bounds, host_bytes};
     use crate::Error;
+
+    #[test]
+    fn pinned_ranges_are_inside_or_refused() {
+        assert_eq!(bounds(.., 8), Ok(0..8));
+        assert_eq!(bounds(2..=3, 8), Ok(2..4));
+        assert_eq!(bounds(8.., 8), Ok(8..8));
+        assert!(bounds((Bound::Included(5), Bound::Excluded(4)), 8).is_err());
+        assert!(bounds(0..9, 8).is_err());
+        assert!(bounds(..=usize::MAX, 8).is_err());
+    }
 
     #[test]
     fn pinned_sizes_are_exact_or_refused() {

@@ -14,8 +14,8 @@ use crate::sys;
 use super::Stream;
 use super::launch::KernelArgs;
 use super::lend::{
-    DeviceInFlight, HostInFlight, HostSource, ScopedRead, ScopedWrite, lend, lend_mut, reachable,
-    sealed,
+    DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite, lend, lend_mut,
+    reachable, sealed,
 };
 #[cfg(doc)]
 use super::scope::ScopedStream;
@@ -89,17 +89,18 @@ pub(super) fn copy_from_host<'a, T: Pod>(
 /// The body of [`ScopedStream::copy_to_host`], for any queue.
 pub(super) fn copy_to_host<'a, T: Pod>(
     q: &impl Queue<'a>,
-    dst: &'a mut [T],
+    dst: impl HostTarget<'a, T>,
     src: impl ScopedRead<'a, T>,
 ) -> Result<HostInFlight<'a, T>, Error> {
     let lent = lend(src, q.token())?;
     let src = lent.view;
-    check_len(dst.len(), src.len())?;
+    let (dst, len) = dst.host_parts_mut();
+    check_len(len, src.len())?;
     reachable(&src, q.stream().device())?;
     q.admit()?;
     let written = HostInFlight {
-        ptr: dst.as_mut_ptr(),
-        len: dst.len(),
+        ptr: dst,
+        len,
         _host: PhantomData,
     };
     if written.len > 0 {
@@ -112,8 +113,8 @@ pub(super) fn copy_to_host<'a, T: Pod>(
             false,
         );
         // SAFETY: `written.ptr` is `len` writable values of host memory, borrowed mutably for
-        // `'a` (so nothing else reads or writes it, and `HostInFlight` gives the host no access
-        // to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
+        // `'a` through a `HostTarget` (so nothing else reads or writes it, and `HostInFlight`
+        // gives the host no access to it); any bytes are a valid `T` (`Pod`). `src` is `len` values of device memory
         // reachable from the stream's device (checked above), lent for `'a`. The stream's
         // context is current (`Queue::admit`). The work is over before `'a` ends (the
         // contract of `Queue`).

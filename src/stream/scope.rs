@@ -20,8 +20,8 @@ use super::Stream;
 use super::event::Event;
 use super::launch::KernelArgs;
 use super::lend::{
-    DeviceInFlight, HostInFlight, HostSource, Registry, Rewritable, ScopedRead, ScopedWrite,
-    StreamId, lend_mut, sealed,
+    DeviceInFlight, HostInFlight, HostSource, HostTarget, Registry, Rewritable, ScopedRead,
+    ScopedWrite, StreamId, lend_mut, sealed,
 };
 #[cfg(doc)]
 use super::pinned::PinnedBuffer;
@@ -409,7 +409,7 @@ impl<'scope> ScopedStream<'scope> {
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn copy_to_host<T: Pod>(
         &self,
-        dst: &'scope mut [T],
+        dst: impl HostTarget<'scope, T>,
         src: impl ScopedRead<'scope, T>,
     ) -> Result<HostInFlight<'scope, T>, Error> {
         queue::copy_to_host(self, dst, src)

@@ -448,7 +448,7 @@ impl VirtualBuffer<ReadWrite> {
             // `bytes` is handed out; where a copy fails, `bytes` is dropped unread.
             None => unsafe { PinnedBuffer::<u8>::unfilled(self.first_context()?, total)? },
         };
-        let host = bytes.as_raw_mut_ptr();
+        let host = bytes.as_mut_ptr();
         let mut at = 0usize;
         for piece in &pieces {
             let view = self.slice_bytes::<u8>(piece.offset..piece.end())?;

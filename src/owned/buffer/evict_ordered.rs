@@ -303,7 +303,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
         // Every lend admitted before the marking has queued its work once this returns: the copies
         // below come after every write queued on `on` so far.
         let drained = buffer.wait_for_lends(old);
-        let host_ptr = host.as_raw_mut_ptr();
+        let host_ptr = host.as_mut_ptr();
         let queued = drained
             .and_then(|()| queue_downloads(buffer, on, &pieces, host_ptr, &done))
             .and_then(|()| {
