@@ -63,8 +63,10 @@ pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: c_int = 103;
 // CUDA 11.0 and later (not in cuda-driver-sys's 10.2 headers): whether `cuMemCreate` memory can be
-// made GPUDirect RDMA capable (`allocFlags.gpuDirectRDMACapable`).
-pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 116;
+// made GPUDirect RDMA capable (`allocFlags.gpuDirectRDMACapable`). 110 in every `cuda.h` from 11.0 to
+// 13.x; 116 is `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`, the device's GPUDirect RDMA support
+// in general.
+pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 110;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: c_int = 134;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 141;

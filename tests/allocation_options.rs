@@ -128,7 +128,7 @@ fn rdma_flag_is_accepted_where_the_attribute_allows_it() {
     match PhysicalAllocation::with_options(g, options) {
         Err(Error::Unsupported { attribute, .. }) => {
             assert!(!supported, "refused although the attribute says yes");
-            assert_eq!(attribute, 116);
+            assert_eq!(attribute, 110);
         }
         Err(e) => panic!("RDMA-capable memory: unexpected error {e}"),
         Ok(memory) => {
