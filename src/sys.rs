@@ -67,9 +67,15 @@ pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
 // 13.x; 116 is `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`, the device's GPUDirect RDMA support
 // in general.
 pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 110;
+// CUDA 11.3 and later: GPUDirect RDMA in general (NIC access to device memory).
+pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: c_int = 116;
+// CUDA 11.7 and later: `cuMemGetHandleForAddressRange` with `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+pub(crate) const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: c_int = 134;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 141;
+// CUDA 12.4 and later: host-NUMA memory shared between the nodes of a multi-node system.
+pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: c_int = 143;
 // CUDA 13.0 and later; older drivers answer `CUDA_ERROR_INVALID_VALUE` for it.
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 145;
 
