@@ -2,7 +2,9 @@
 //! `cuMemExportToShareableHandle` to a POSIX file descriptor, the descriptor passed to another process
 //! (over a Unix socket with `SCM_RIGHTS`, or taken with `pidfd_getfd`), and
 //! `cuMemImportFromShareableHandle` there; beyond one machine, fabric handles ([`FabricHandle`], 64
-//! bytes within an IMEX domain).
+//! bytes within an IMEX domain) and dma-buf file descriptors of a buffer's range for network
+//! adapters ([`DmaBufExport`], made by
+//! [`VirtualBuffer::export_dma_buf`](crate::VirtualBuffer::export_dma_buf)).
 //!
 //! Which handle types an allocation can be exported as is part of its type: only a
 //! [`ShareableAllocation<PosixFd>`] has [`export`](ShareableAllocation::export), so exporting a plain
@@ -61,10 +63,14 @@ mod message;
 mod unix;
 // A whole `VirtualBuffer`'s pages in one message: `BufferInfo`'s wire format and `ExportedBuffer`.
 mod buffer;
+// dma-buf file descriptors of a `VirtualBuffer`'s range, for network adapters.
+mod dmabuf;
 // Fabric handles: 64 bytes shared within an IMEX domain, their wire format and import.
 mod fabric;
 
 pub use buffer::{BufferInfo, BufferPiece, ExportedBuffer};
+pub(crate) use dmabuf::export_range;
+pub use dmabuf::{DmaBufChunk, DmaBufExport, DmaBufLayout};
 pub use fabric::FabricHandle;
 
 mod sealed {

@@ -38,6 +38,9 @@ pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
 pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
+// `CUmemRangeHandleType` (CUDA 11.7 and later): a dma-buf file descriptor.
+#[cfg(unix)]
+pub(crate) const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: u32 = 1;
 // `CUstreamCaptureStatus`: not capturing (the others are ACTIVE 1 and INVALIDATED 2).
 pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
 // `CUstreamCaptureMode`: RELAXED, the mode in which a thread's calls are refused by no other
@@ -252,6 +255,17 @@ unsafe extern "C" {
         handle: *mut CUmemGenericAllocationHandle,
         os_handle: *mut c_void,
         handle_type: u32,
+    ) -> CUresult;
+    /// CUDA 11.7 and later. `handle` points to storage for the handle: an `int` for a dma-buf file
+    /// descriptor (`handle_type` `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`); `handle_type` is a
+    /// `CUmemRangeHandleType`, as an integer.
+    #[cfg(unix)]
+    pub(crate) fn cuMemGetHandleForAddressRange(
+        handle: *mut c_void,
+        dptr: CUdeviceptr,
+        size: usize,
+        handle_type: u32,
+        flags: u64,
     ) -> CUresult;
     pub(crate) fn cuMemGetAllocationPropertiesFromHandle(
         prop: *mut CUmemAllocationProp,
