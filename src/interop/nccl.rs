@@ -38,10 +38,10 @@
 //!
 //! # The rules, and where each is kept
 //! - **Collectives take lent views of their own scope.** [`Comm::scope`] is
-//!   [`cudarc::scope`](super::cudarc::scope) on the communicator's stream; its collectives take
-//!   [`Lent`] and [`LentMut`] of that scope only (`'scope` is invariant and higher-ranked, so a
-//!   value lent in another scope is another type). The scope waits for the stream before it
-//!   returns, also on a panic.
+//!   [`cudarc::scope`](super::cudarc::scope) on the communicator's stream; its collectives, sends
+//!   and receives take [`Lent`] and [`LentMut`] of that scope only, and what they write only as a
+//!   [`LentMut`] (`'scope` is invariant and higher-ranked, so a value lent in another scope is
+//!   another type). The scope waits for the stream before it returns, also on a panic.
 //! - **Groups end inside the scopes whose views they hold.** NCCL launches a group's work at
 //!   `ncclGroupEnd`. [`group`] is a closure: it ends the group when the closure returns or
 //!   unwinds, inside every scope that encloses the call; a scope opened inside a group (whose wait
@@ -137,6 +137,8 @@ use crate::wait::Polling;
 mod api;
 mod id;
 mod nonblocking;
+// `CommScope::send` and `CommScope::recv`.
+mod p2p;
 mod register;
 mod scope;
 

@@ -126,6 +126,9 @@ type Broadcast = unsafe extern "C" fn(
 type AllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, RawStream) -> c_int;
 type ReduceScatter = AllReduce;
+type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, RawStream) -> c_int;
+type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> c_int;
+
 type Group = unsafe extern "C" fn() -> c_int;
 type CommRegister = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> c_int;
 type CommDeregister = unsafe extern "C" fn(RawComm, *mut c_void) -> c_int;
@@ -150,6 +153,8 @@ pub(crate) struct Api {
     pub(crate) broadcast: Option<Broadcast>,
     pub(crate) all_gather: Option<AllGather>,
     pub(crate) reduce_scatter: Option<ReduceScatter>,
+    pub(crate) send: Option<SendFn>,
+    pub(crate) recv: Option<RecvFn>,
     pub(crate) group_start: Option<Group>,
     pub(crate) group_end: Option<Group>,
     pub(crate) comm_register: Option<CommRegister>,
@@ -224,6 +229,8 @@ fn open() -> Result<Api, &'static str> {
         broadcast: symbol(&library, b"ncclBroadcast\0"),
         all_gather: symbol(&library, b"ncclAllGather\0"),
         reduce_scatter: symbol(&library, b"ncclReduceScatter\0"),
+        send: symbol(&library, b"ncclSend\0"),
+        recv: symbol(&library, b"ncclRecv\0"),
         group_start: symbol(&library, b"ncclGroupStart\0"),
         group_end: symbol(&library, b"ncclGroupEnd\0"),
         comm_register: symbol(&library, b"ncclCommRegister\0"),
