@@ -7,8 +7,9 @@
 //! tearing down to the byte of free memory, a creation whose peer never joins ending at its
 //! timeout, two ranks in one thread and in two), two ranks (one process driving two GPUs, two
 //! processes meeting through a unique id passed over a pipe, and a peer that never joins an
-//! all-reduce), and point-to-point transfers (a rank's send to itself in a group with an
-//! all-reduce, its refusals, and two ranks swapping blocks). Every test skips visibly without a GPU, with too few GPUs, or where NCCL cannot be
+//! all-reduce), point-to-point transfers (a rank's send to itself in a group with an all-reduce,
+//! its refusals, and two ranks swapping blocks), and suspend and resume (or their refusal where
+//! NCCL is older than 2.29.7). Every test skips visibly without a GPU, with too few GPUs, or where NCCL cannot be
 //! loaded.
 //!
 //! No test harness (`harness = false` in Cargo.toml): `main` sets `NCCL_NVLS_ENABLE=0` before any
@@ -1218,6 +1219,66 @@ fn send_and_recv_between_two_ranks() -> TestResult {
     Ok(())
 }
 
+/// Suspend and resume where the loaded NCCL has them (2.29.7 and later): every call between them
+/// is refused, and the communicator all-reduces again after the resume. Where it has not (2.28.3),
+/// both are refused with `Error::NcclUnavailable`, the communicator stays usable, and the suspend
+/// part skips visibly.
+fn suspend_and_resume_or_the_refusal() -> TestResult {
+    let test = "suspend_and_resume_or_the_refusal";
+    let Some((device, mut comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let context = Context::new(device)?;
+    let page = page(device);
+    let mut buffer = grown(device, &[page, page])?;
+    let n = page / 4;
+    let input = floats(n, 19);
+    all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
+    let before = context.memory_info()?.0;
+    match comm.suspend() {
+        Err(e @ Error::NcclUnavailable { .. }) => {
+            assert!(e.to_string().contains("2.29.7"), "{test}: {e}");
+            assert!(!comm.is_suspended());
+            let resume = comm.resume();
+            assert!(
+                matches!(resume, Err(Error::NcclUnavailable { .. })),
+                "{test}: {resume:?}"
+            );
+            all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
+            println!("{test}: refused: {e}");
+            skip(&format!(
+                "SKIPPED {test} (suspend and resume): NCCL {} has no ncclCommSuspend",
+                nccl::version()?
+            ));
+        }
+        Err(e) => return Err(e.into()),
+        Ok(()) => {
+            assert!(comm.is_suspended());
+            let during = context.memory_info()?.0;
+            println!(
+                "MEASURED {test}: free device memory {before} bytes before ncclCommSuspend, \
+                 {during} after"
+            );
+            let suspended = |r: &Result<(), Error>| matches!(r, Err(Error::NcclRefused { why, .. }) if why.contains("suspended"));
+            let scope = comm.scope(|_| -> Result<(), Error> { Ok(()) });
+            assert!(suspended(&scope), "{test}: a scope: {scope:?}");
+            let register = comm.register(&mut buffer, ..page).map(drop);
+            assert!(suspended(&register), "{test}: a registration: {register:?}");
+            let again = comm.suspend();
+            assert!(matches!(again, Err(Error::NcclRefused { .. })), "{again:?}");
+            comm.resume()?;
+            assert!(!comm.is_suspended());
+            let not_suspended = comm.resume();
+            assert!(
+                matches!(not_suspended, Err(Error::NcclRefused { .. })),
+                "{not_suspended:?}"
+            );
+            all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
+        }
+    }
+    Ok(())
+}
+
 /// `[(name, function), ...]` of test functions, each named by its own identifier.
 macro_rules! named {
     ($($test:ident),* $(,)?) => {
@@ -1238,7 +1299,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 22] = named![
+    let tests: [Test; 23] = named![
         nccl_loads_or_says_why,
         single_rank_all_reduce_registered_and_not,
         all_four_collectives_on_one_rank,
@@ -1261,6 +1322,7 @@ fn main() -> ExitCode {
         two_processes_with_a_unique_id,
         send_and_recv_to_itself_on_one_rank,
         send_and_recv_between_two_ranks,
+        suspend_and_resume_or_the_refusal,
     ];
     let filter: Vec<String> = std::env::args()
         .skip(1)

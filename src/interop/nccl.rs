@@ -141,6 +141,8 @@ mod nonblocking;
 mod p2p;
 mod register;
 mod scope;
+// `Comm::suspend` and `Comm::resume`.
+mod suspend;
 
 pub use id::UniqueId;
 pub use nonblocking::CommOptions;
@@ -249,6 +251,9 @@ pub(crate) struct Core {
     deregistered: Cell<u64>,
     /// Set by `ncclCommAbort`: the handle is freed, and every later use is refused.
     aborted: Cell<bool>,
+    /// Set by `ncclCommSuspend` ([`Comm::suspend`]), cleared by `ncclCommResume`: every use but
+    /// the resume is refused meanwhile.
+    suspended: Cell<bool>,
     /// `ncclConfig_t::blocking`: a non-blocking communicator's calls are settled by
     /// [`Core::finish`].
     blocking: bool,
@@ -268,12 +273,24 @@ impl Core {
     }
 
     /// Before every NCCL call on the communicator: the refusal once it was aborted (its handle
-    /// is freed), else [`bind`](Core::bind).
+    /// is freed) or while it is suspended, else [`bind`](Core::bind).
     fn live(&self, call: &'static str) -> Result<(), Error> {
+        self.unless_aborted(call)?;
+        if self.suspended.get() {
+            return Err(Error::NcclRefused {
+                call,
+                why: suspend::SUSPENDED,
+            });
+        }
+        self.bind()
+    }
+
+    /// The refusal of `call` once the communicator was aborted.
+    fn unless_aborted(&self, call: &'static str) -> Result<(), Error> {
         if self.aborted.get() {
             return Err(Error::NcclRefused { call, why: ABORTED });
         }
-        self.bind()
+        Ok(())
     }
 
     /// `ncclCommAbort` — stop the communicator's work on the device (its kernels exit) and free it.
@@ -643,6 +660,13 @@ impl Comm {
             return Err(Error::NcclRefused {
                 call: "Comm::scope",
                 why: ABORTED,
+            }
+            .into());
+        }
+        if self.core.suspended.get() {
+            return Err(Error::NcclRefused {
+                call: "Comm::scope",
+                why: suspend::SUSPENDED,
             }
             .into());
         }

@@ -35,8 +35,8 @@ impl<'scope> CommScope<'scope, '_> {
     ///
     /// # Errors
     /// Before NCCL is called: [`Error::OutOfBounds`] for a peer outside the clique,
-    /// [`Error::NcclRefused`] for a send to this rank outside a group (or on an aborted
-    /// communicator), [`Error::NcclUnavailable`] where NCCL lacks the function.
+    /// [`Error::NcclRefused`] for a send to this rank outside a group (or on an aborted or
+    /// suspended communicator), [`Error::NcclUnavailable`] where NCCL lacks the function.
     /// [`Error::Nccl`] for NCCL's refusal.
     ///
     /// # Examples
