@@ -256,8 +256,8 @@ fn open() -> Result<Api, &'static str> {
 fn symbol<F: Copy>(library: &libloading::Library, name: &[u8]) -> Option<F> {
     // SAFETY: every `F` this module asks for is the C signature of `name` in `nccl.h` (NCCL
     // 2.19 to 2.29; `ncclCommSuspend` and `ncclCommResume` are 2.29.7's), with `c_int` for
-    // `ncclResult_t` and the int-sized enums, and `RawConfig` for
-    // `ncclConfig_t *` (a prefix NCCL reads by its `size` and `version`, see `RawConfig`); the pointer is
-    // copied out of the `Symbol` and used only while the library stays open (for the process).
+    // `ncclResult_t` and the int-sized enums, and `RawConfig` for `ncclConfig_t *` (a prefix NCCL
+    // reads by its `size` and `version`, see `RawConfig`); the pointer is copied out of the
+    // `Symbol` and used only while the library stays open (for the process).
     unsafe { library.get::<F>(name).ok().map(|s| *s) }
 }
