@@ -3031,6 +3031,8 @@ struct RawNccl {
     ) -> i32,
     mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> i32,
     mem_free: unsafe extern "C" fn(*mut c_void) -> i32,
+    send: unsafe extern "C" fn(*const c_void, usize, i32, i32, *mut c_void, *mut c_void) -> i32,
+    recv: unsafe extern "C" fn(*mut c_void, usize, i32, i32, *mut c_void, *mut c_void) -> i32,
     group_start: unsafe extern "C" fn() -> i32,
     group_end: unsafe extern "C" fn() -> i32,
     /// Keeps the functions above loaded.
@@ -3054,6 +3056,8 @@ impl RawNccl {
                 all_reduce: *library.get(b"ncclAllReduce\0")?,
                 mem_alloc: *library.get(b"ncclMemAlloc\0")?,
                 mem_free: *library.get(b"ncclMemFree\0")?,
+                send: *library.get(b"ncclSend\0")?,
+                recv: *library.get(b"ncclRecv\0")?,
                 group_start: *library.get(b"ncclGroupStart\0")?,
                 group_end: *library.get(b"ncclGroupEnd\0")?,
                 _library: library,
@@ -3338,8 +3342,96 @@ fn nccl_rows(ctx: &Context, rows: &mut Vec<Row>, not_run: &mut Vec<String>) -> B
         // SAFETY: memory from `ncclMemAlloc`, freed once; its last all-reduce was waited for.
         nccl_ok(unsafe { mem_free(raw_memory) }, "ncclMemFree")?;
     }
+    nccl_self_transfer_rows(ctx, &comm, &raw_nccl, rows, not_run)?;
     drop(comm);
     drop(raw_nccl);
+    Ok(())
+}
+
+/// NCCL point to point (feature `nccl`), one rank on GPU 0: a send of the first half of a
+/// `VirtualBuffer` to the rank itself and its receive into the second half, in one group, lent in
+/// `Comm::scope` (`CommScope::send`, `CommScope::recv`, `nccl::group`), against the same
+/// `ncclGroupStart` + `ncclSend` + `ncclRecv` + `ncclGroupEnd` + `cuStreamSynchronize` on the same
+/// pages. Where NCCL refuses a rank's transfer to itself, a line in `not_run` says so.
+#[cfg(feature = "nccl")]
+fn nccl_self_transfer_rows(
+    ctx: &Context,
+    comm: &cuda_vmm::interop::nccl::Comm,
+    raw_nccl: &RawNccl,
+    rows: &mut Vec<Row>,
+    not_run: &mut Vec<String>,
+) -> BenchResult<()> {
+    use cuda_vmm::interop::nccl::group;
+    use cuda_vmm::{ReadWrite, VirtualBuffer};
+
+    let RawNccl {
+        send,
+        recv,
+        group_start,
+        group_end,
+        ..
+    } = *raw_nccl;
+    let device = ctx.device();
+    let (raw_comm, raw_stream) = (comm.as_raw(), comm.stream().cu_stream().cast::<c_void>());
+    for (label, bytes, reps) in [("64 MiB", 64usize << 20, 500), ("1 GiB", GIB, 100)] {
+        let mut buffer = VirtualBuffer::new(2 * bytes, &[device], ReadWrite)?;
+        buffer.grow(device, 2 * bytes)?;
+        let base = usize::try_from(buffer.base())? as *mut c_void;
+        let view = buffer.slice_bytes_mut::<f32>(..)?;
+        let (sent, mut received) = view.split_at_mut(bytes / 4)?;
+        let mut safe_transfer = || -> BenchResult<()> {
+            comm.scope(|s| -> BenchResult<()> {
+                let from = s.lend(&sent)?;
+                let mut into = s.lend_mut(&mut received)?;
+                group(|| -> Result<(), cuda_vmm::Error> {
+                    s.send(&from, 0)?;
+                    s.recv(&mut into, 0)
+                })?;
+                Ok(())
+            })
+        };
+        if let Err(e) = safe_transfer() {
+            not_run.push(format!(
+                "nccl self-transfer rows: NCCL refuses a rank's send to itself: {e}"
+            ));
+            return Ok(());
+        }
+        let mut raw_transfer = || -> BenchResult<()> {
+            ctx.bind_to_thread()?;
+            // SAFETY: the buffer's `2 * bytes` mapped, granted bytes, alive until after this loop;
+            // no view of them is used while this runs (the runs alternate on one thread): the
+            // first half sent to this rank and received into the second, `bytes / 4` floats
+            // (ncclFloat32 7), on the communicator's stream, in one group, waited for below.
+            unsafe {
+                let into = base.cast::<u8>().add(bytes).cast::<c_void>();
+                nccl_ok(group_start(), "ncclGroupStart")?;
+                let sent = send(base.cast_const(), bytes / 4, 7, 0, raw_comm, raw_stream);
+                let received = recv(into, bytes / 4, 7, 0, raw_comm, raw_stream);
+                let ended = group_end();
+                nccl_ok(sent, "ncclSend")?;
+                nccl_ok(received, "ncclRecv")?;
+                nccl_ok(ended, "ncclGroupEnd")?;
+                // The communicator's live stream, of the current context.
+                ok(raw::cuStreamSynchronize(raw_stream))
+            }
+        };
+        warm_up(0.5, &mut safe_transfer, &mut raw_transfer)?;
+        let (safe, raw_t, paired) = race_paired(reps, &mut safe_transfer, &mut raw_transfer)?;
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl: single-rank send + recv of {label} to itself in one group, \
+                     VirtualBuffer pages lent in Comm::scope vs raw ncclSend + ncclRecv in a group \
+                     + synchronize on the same pages (GB/s moved)"
+                ),
+                bytes,
+                safe,
+                raw_t,
+                "safe/raw >= 0.99",
+            )
+            .with_paired_times(paired),
+        );
+    }
     Ok(())
 }
 
@@ -3925,7 +4017,112 @@ fn nccl_two_rank_rows(
             nccl_ok(unsafe { mem_free(memory) }, "ncclMemFree")?;
         }
     }
+    nccl_swap_rows([ctx0, ctx1], &comms, &raw_nccl, rows)?;
     drop(comms);
     drop(raw_nccl);
+    Ok(())
+}
+
+/// NCCL point to point between two ranks (feature `nccl`), GPUs 0 and 1: each rank sends the first
+/// half of its `VirtualBuffer` to the other and receives the other's into its second half, all four
+/// transfers in one group, lent in nested `Comm::scope`s, against the same `ncclSend` and
+/// `ncclRecv` in `ncclGroupStart` / `ncclGroupEnd` with both streams synchronized, on the same
+/// pages.
+#[cfg(feature = "nccl")]
+fn nccl_swap_rows(
+    contexts: [&Context; 2],
+    comms: &[cuda_vmm::interop::nccl::Comm],
+    raw_nccl: &RawNccl,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    use cuda_vmm::interop::nccl::group;
+    use cuda_vmm::{ReadWrite, VirtualBuffer};
+
+    let RawNccl {
+        send,
+        recv,
+        group_start,
+        group_end,
+        ..
+    } = *raw_nccl;
+    let [c0, c1] = comms else {
+        return Err("two communicators".into());
+    };
+    let raw: [(*mut c_void, *mut c_void); 2] =
+        [c0, c1].map(|c| (c.as_raw(), c.stream().cu_stream().cast::<c_void>()));
+    for (label, bytes, reps) in [("64 MiB", 64usize << 20, 200), ("1 GiB", GIB, 40)] {
+        let mut buffers = Vec::new();
+        for ctx in contexts {
+            let buffer = VirtualBuffer::new(2 * bytes, &[ctx.device()], ReadWrite)?;
+            buffer.grow(ctx.device(), 2 * bytes)?;
+            buffers.push(buffer);
+        }
+        let bases: Vec<*mut c_void> = buffers
+            .iter()
+            .map(|b| usize::try_from(b.base()).map(|a| a as *mut c_void))
+            .collect::<Result<_, _>>()?;
+        let [b0, b1] = &mut buffers[..] else {
+            return Err("two buffers".into());
+        };
+        let (s0, mut r0) = b0.slice_bytes_mut::<f32>(..)?.split_at_mut(bytes / 4)?;
+        let (s1, mut r1) = b1.slice_bytes_mut::<f32>(..)?.split_at_mut(bytes / 4)?;
+        let mut safe_swap = || -> BenchResult<()> {
+            c0.scope(|x0| {
+                c1.scope(|x1| -> BenchResult<()> {
+                    let (from0, mut into0) = (x0.lend(&s0)?, x0.lend_mut(&mut r0)?);
+                    let (from1, mut into1) = (x1.lend(&s1)?, x1.lend_mut(&mut r1)?);
+                    group(|| -> Result<(), cuda_vmm::Error> {
+                        x0.send(&from0, 1)?;
+                        x0.recv(&mut into0, 1)?;
+                        x1.send(&from1, 0)?;
+                        x1.recv(&mut into1, 0)
+                    })?;
+                    Ok(())
+                })
+            })
+        };
+        let mut raw_swap = || -> BenchResult<()> {
+            // SAFETY: each rank's buffer of `2 * bytes` mapped, granted bytes, alive until after
+            // this loop, no view of them used while this runs: the first half sent to the other
+            // rank, the other's received into the second, `bytes / 4` floats (ncclFloat32 7), on
+            // each communicator's stream, in one group; both streams are waited for below.
+            unsafe {
+                nccl_ok(group_start(), "ncclGroupStart")?;
+                for (rank, (&(comm, stream), &base)) in raw.iter().zip(&bases).enumerate() {
+                    let peer = i32::from(rank == 0);
+                    let into = base.cast::<u8>().add(bytes).cast::<c_void>();
+                    nccl_ok(
+                        send(base.cast_const(), bytes / 4, 7, peer, comm, stream),
+                        "ncclSend",
+                    )?;
+                    nccl_ok(recv(into, bytes / 4, 7, peer, comm, stream), "ncclRecv")?;
+                }
+                nccl_ok(group_end(), "ncclGroupEnd")?;
+            }
+            for (ctx, &(_, stream)) in contexts.into_iter().zip(&raw) {
+                ctx.bind_to_thread()?;
+                // SAFETY: a live stream of the current context.
+                ok(unsafe { raw::cuStreamSynchronize(stream) })?;
+            }
+            Ok(())
+        };
+        warm_up(0.5, &mut safe_swap, &mut raw_swap)?;
+        let (safe, raw_t, paired) = race_paired(reps, &mut safe_swap, &mut raw_swap)?;
+        rows.push(
+            Row::gbs(
+                format!(
+                    "nccl, two ranks (GPUs 0 and 1): each sends {label} to the other and receives \
+                     the other's in one group, VirtualBuffer pages lent in Comm::scope vs raw \
+                     ncclSend + ncclRecv in a group + synchronize on the same pages (GB/s moved \
+                     per rank)"
+                ),
+                bytes,
+                safe,
+                raw_t,
+                "safe/raw >= 0.99",
+            )
+            .with_paired_times(paired),
+        );
+    }
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! The machine's GPU topology as tables: for every device its name, VMM support and allocation
-//! granularities; for every ordered pair of devices whether one can access the other's memory, the
-//! driver's P2P attributes of that direction, and the path `copy_between` with `Route::Auto` takes.
+//! granularities, its capability report (`Device::capabilities`: POSIX-fd and fabric handles and
+//! the IMEX channel, `GPUDirect` RDMA with and without VMM, dma-buf, host and host-NUMA memory) and
+//! the paths it offers an engine beyond one process; for every ordered pair of devices its report
+//! (`peer::pair_capabilities`: whether one can access the other's memory, the driver's P2P
+//! attributes of that direction), and the path `copy_between` with `Route::Auto` takes.
 //!
 //! Written for any number of devices. With one GPU it prints the device table and says that the peer
 //! matrix needs two; without a GPU it says what it checked and that no device was found.
@@ -25,7 +28,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> ExampleResult {
-    println!("topology: devices, peer access, P2P attributes and copy paths");
+    println!("topology: devices, their capabilities, peer access, P2P attributes and copy paths");
     let Some(devices) = devices_or_none("there is no topology to show")? else {
         return Ok(());
     };

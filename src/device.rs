@@ -1,4 +1,5 @@
-//! Driver entry: initialisation, devices and their primary contexts.
+//! Driver entry: initialisation, devices and their primary contexts, and what each device can do
+//! ([`Capabilities`]).
 
 use core::ffi::{c_char, c_int};
 use core::fmt;
@@ -8,6 +9,11 @@ use std::sync::Arc;
 
 use crate::error::{DriverError, Error, Result, check};
 use crate::sys;
+
+// What a device can do beyond one process, in one report; the machine's IMEX channel.
+mod capabilities;
+
+pub use capabilities::{Capabilities, IMEX_CHANNEL_DIRECTORY, imex_channel};
 
 /// `cuInit` — initialise the driver API for this process.
 ///

@@ -237,6 +237,17 @@ pub enum Error {
         /// The driver's error.
         error: DriverError,
     },
+    /// Fabric-shareable memory (a fabric handle kind, [`Fabric`](crate::ipc::Fabric) memory, or
+    /// the import of a fabric handle) was asked for where the machine has no IMEX channel
+    /// ([`device::imex_channel`](crate::device::imex_channel) found no
+    /// `/dev/nvidia-caps-imex-channels/channel<N>`). The driver would refuse it
+    /// (`CUDA_ERROR_NOT_PERMITTED`); this is checked first, before any allocation or import. An
+    /// IMEX channel comes with the IMEX service of a multi-node `NVLink` system (or a container
+    /// given one); machines without it share memory between processes as POSIX file descriptors.
+    NoImexChannel {
+        /// The device whose fabric-shareable memory was asked for.
+        device: i32,
+    },
     /// The operating system refused a call that passes a handle between processes (`sendmsg`,
     /// `recvmsg`, `pidfd_open`, `pidfd_getfd`).
     Os {
@@ -450,6 +461,13 @@ impl fmt::Display for Error {
             Error::Refused { what, why, error } => {
                 write!(f, "the driver refused {what}: {why} ({error})")
             }
+            Error::NoImexChannel { device } => write!(
+                f,
+                "fabric-shareable memory of device {device} needs an IMEX channel, and this machine \
+                 has none (no /dev/nvidia-caps-imex-channels/channel<N>): checked before any \
+                 allocation; share memory as a POSIX file descriptor instead, or run under an IMEX \
+                 service"
+            ),
             Error::Os { what, errno } => write!(
                 f,
                 "{what} failed: {}",
@@ -561,6 +579,14 @@ mod tests {
             "device 0 does not support host NUMA memory (device attribute 141 is 0 or unknown to \
              this driver)"
         );
+        let imex = Error::NoImexChannel { device: 0 };
+        assert!(
+            imex.to_string()
+                .starts_with("fabric-shareable memory of device 0 needs an IMEX channel"),
+            "{imex}"
+        );
+        assert_eq!(imex.driver(), None);
+        assert!(!imex.is_no_gpu());
         let os = Error::Os {
             what: "pidfd_getfd",
             errno: 1,

@@ -1,7 +1,10 @@
 //! Memory shared between processes: allocations created exportable (`requestedHandleTypes`),
 //! `cuMemExportToShareableHandle` to a POSIX file descriptor, the descriptor passed to another process
 //! (over a Unix socket with `SCM_RIGHTS`, or taken with `pidfd_getfd`), and
-//! `cuMemImportFromShareableHandle` there.
+//! `cuMemImportFromShareableHandle` there; beyond one machine, fabric handles ([`FabricHandle`], 64
+//! bytes within an IMEX domain) and dma-buf file descriptors of a buffer's range for network
+//! adapters ([`DmaBufExport`], made by
+//! [`VirtualBuffer::export_dma_buf`](crate::VirtualBuffer::export_dma_buf)).
 //!
 //! Which handle types an allocation can be exported as is part of its type: only a
 //! [`ShareableAllocation<PosixFd>`] has [`export`](ShareableAllocation::export), so exporting a plain
@@ -60,8 +63,15 @@ mod message;
 mod unix;
 // A whole `VirtualBuffer`'s pages in one message: `BufferInfo`'s wire format and `ExportedBuffer`.
 mod buffer;
+// dma-buf file descriptors of a `VirtualBuffer`'s range, for network adapters.
+mod dmabuf;
+// Fabric handles: 64 bytes shared within an IMEX domain, their wire format and import.
+mod fabric;
 
 pub use buffer::{BufferInfo, BufferPiece, ExportedBuffer};
+pub(crate) use dmabuf::export_range;
+pub use dmabuf::{DmaBufChunk, DmaBufExport, DmaBufLayout};
+pub use fabric::FabricHandle;
 
 mod sealed {
     pub trait Sealed {}
@@ -93,10 +103,12 @@ pub trait HandleKind: sealed::Sealed + Copy + fmt::Debug + Send + Sync + 'static
 pub struct PosixFd;
 
 /// Shareable as a fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`), within an IMEX domain (processes on one
-/// or several machines linked by `NVLink`). The driver creates such memory only for a process with an
-/// IMEX channel; elsewhere [`ShareableAllocation::new`] returns [`Error::Refused`]. Exporting and
-/// importing fabric handles is not implemented yet: the kind exists so that the type, and the refusal,
-/// are in place.
+/// or several machines linked by `NVLink`): [`ShareableAllocation<Fabric>::export`] gives a
+/// [`FabricHandle`] (64 bytes, no descriptor), which [`FabricHandle::import`] imports. The driver
+/// creates and imports such memory only for a process with an IMEX channel; where the machine has
+/// none ([`imex_channel`](crate::device::imex_channel)), [`ShareableAllocation::new`] and
+/// [`FabricHandle::import`] return [`Error::NoImexChannel`] before any allocation, and where the
+/// process cannot open the channel the driver's refusal is [`Error::Refused`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Fabric;
 
@@ -174,7 +186,8 @@ impl<K: HandleKind> ShareableAllocation<K> {
     /// # Errors
     /// [`Error::Unsupported`] where the device attribute of the kind
     /// ([`Device::supports_posix_fd_handles`], [`Device::supports_fabric_handles`]) is 0, checked first;
-    /// [`Error::Refused`] for fabric memory where the process has no IMEX channel (the driver's
+    /// for fabric memory [`Error::NoImexChannel`] where the machine has no IMEX channel (checked
+    /// before any allocation), and [`Error::Refused`] where the process cannot use it (the driver's
     /// `CUDA_ERROR_NOT_PERMITTED`); otherwise as [`PhysicalAllocation::new`].
     #[doc(alias = "cuMemCreate")]
     pub fn new(device: Device, size: usize) -> Result<ShareableAllocation<K>, Error> {

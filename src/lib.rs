@@ -29,7 +29,8 @@
 //!
 //! # The modules
 //! Each module is one concept; lower ones never name higher ones.
-//! - [`device`]: initialisation, [`Device`], [`Context`] (a device's primary context, retained).
+//! - [`device`]: initialisation, [`Device`], [`Context`] (a device's primary context, retained),
+//!   and what a device can do beyond one process ([`Capabilities`](device::Capabilities)).
 //! - [`vmm`]: the borrowed layer: [`PhysicalAllocation`], [`VirtualReservation`] and its
 //!   [`Region`](vmm::Region)s, [`Mapping`], [`Access`] and the scoped grant.
 //! - [`view`]: [`DeviceSlice`], [`DeviceSliceMut`] and their synchronous copies; [`DeviceBuffer`]
@@ -44,7 +45,8 @@
 //!   and kernels borrow what they use until the work has finished.
 //! - [`peer`]: several GPUs: links, [`PeerAccess`] guards, and [`copy_between`].
 //! - [`module`]: PTX modules and their kernels ([`Module`]).
-//! - `ipc` (Unix): memory shared between processes.
+//! - `ipc` (Unix): memory shared between processes (POSIX file descriptors), between machines
+//!   (fabric handles), and with network adapters (dma-buf descriptors of a buffer's range).
 //! - `interop` (feature `cudarc`): this crate's views lent to cudarc.
 //! - [`error`]: [`Error`], [`DriverError`], [`Result`]. [`raw`]: the handles the escape hatches
 //!   return.

@@ -1,5 +1,5 @@
-//! Peer-to-peer access between devices: capability queries and a guard that keeps context peer access
-//! enabled while anything uses it.
+//! Peer-to-peer access between devices: capability queries (one report per direction:
+//! [`pair_capabilities`]) and a guard that keeps context peer access enabled while anything uses it.
 //!
 //! Two mechanisms open one GPU's memory to another, and they do not overlap:
 //! - **Context peer access** (`cuCtxEnablePeerAccess`, this module's [`PeerAccess`]) opens memory from
@@ -97,6 +97,64 @@ pub fn p2p_attributes(from: Device, to: Device) -> Result<P2PAttributes> {
         access_supported: get(sys::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)? != 0,
         native_atomics: get(sys::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
         cuda_array_access: get(sys::CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED)? != 0,
+    })
+}
+
+/// What one direction between two devices can do, in one report ([`pair_capabilities`]): whether
+/// `from` reaches `to`'s memory directly and the driver's attributes of that link. With
+/// [`Device::capabilities`] of each device, what an engine picks its path between two GPUs from:
+/// a direct copy or a VMM grant naming the other device where [`peer_access`] is true, staging
+/// through host memory where not.
+///
+/// [`peer_access`]: PairCapabilities::peer_access
+///
+/// # Examples
+/// ```no_run
+/// use cuda_vmm::{Device, peer::pair_capabilities};
+///
+/// # fn main() -> cuda_vmm::Result<()> {
+/// let pair = pair_capabilities(Device::get(0)?, Device::get(1)?)?;
+/// println!("GPU 0 reaches GPU 1 directly: {} (rank {})", pair.peer_access,
+///          pair.attributes.map_or(-1, |a| a.performance_rank));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PairCapabilities {
+    /// The device that would access.
+    pub from: Device,
+    /// The device whose memory would be accessed.
+    pub to: Device,
+    /// Whether `from` can access `to`'s memory directly (`cuDeviceCanAccessPeer`).
+    pub peer_access: bool,
+    /// The link's attributes (`cuDeviceGetP2PAttribute`); `None` for a device and itself, which
+    /// has no link.
+    pub attributes: Option<P2PAttributes>,
+}
+
+/// `cuDeviceCanAccessPeer`, `cuDeviceGetP2PAttribute` — what the `from → to` direction can do, with
+/// no allocation and no change: [`can_access_peer`] and [`p2p_attributes`] in one report. For
+/// `from == to`, no access and no attributes.
+///
+/// # Errors
+/// The driver's error, if any.
+#[doc(alias = "cuDeviceCanAccessPeer")]
+#[doc(alias = "cuDeviceGetP2PAttribute")]
+pub fn pair_capabilities(from: Device, to: Device) -> Result<PairCapabilities> {
+    let (peer_access, attributes) = if from == to {
+        (false, None)
+    } else {
+        (
+            can_access_peer(from, to)?.is_some(),
+            Some(p2p_attributes(from, to)?),
+        )
+    };
+    Ok(PairCapabilities {
+        from,
+        to,
+        peer_access,
+        attributes,
     })
 }
 

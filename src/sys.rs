@@ -38,6 +38,9 @@ pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
 pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
 pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
+// `CUmemRangeHandleType` (CUDA 11.7 and later): a dma-buf file descriptor.
+#[cfg(unix)]
+pub(crate) const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: u32 = 1;
 // `CUstreamCaptureStatus`: not capturing (the others are ACTIVE 1 and INVALIDATED 2).
 pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
 // `CUstreamCaptureMode`: RELAXED, the mode in which a thread's calls are refused by no other
@@ -62,11 +65,19 @@ pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: c_int = 103;
 // CUDA 11.0 and later (not in cuda-driver-sys's 10.2 headers): whether `cuMemCreate` memory can be
-// made GPUDirect RDMA capable (`allocFlags.gpuDirectRDMACapable`).
-pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 116;
+// made GPUDirect RDMA capable (`allocFlags.gpuDirectRDMACapable`). 110 in every `cuda.h` from 11.0 to
+// 13.x; 116 is `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`, the device's GPUDirect RDMA support
+// in general.
+pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 110;
+// CUDA 11.3 and later: GPUDirect RDMA in general (NIC access to device memory).
+pub(crate) const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: c_int = 116;
+// CUDA 11.7 and later: `cuMemGetHandleForAddressRange` with `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+pub(crate) const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: c_int = 134;
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 141;
+// CUDA 12.4 and later: host-NUMA memory shared between the nodes of a multi-node system.
+pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: c_int = 143;
 // CUDA 13.0 and later; older drivers answer `CUDA_ERROR_INVALID_VALUE` for it.
 pub(crate) const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 145;
 
@@ -243,6 +254,17 @@ unsafe extern "C" {
         handle: *mut CUmemGenericAllocationHandle,
         os_handle: *mut c_void,
         handle_type: u32,
+    ) -> CUresult;
+    /// CUDA 11.7 and later. `handle` points to storage for the handle: an `int` for a dma-buf file
+    /// descriptor (`handle_type` `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`); `handle_type` is a
+    /// `CUmemRangeHandleType`, as an integer.
+    #[cfg(unix)]
+    pub(crate) fn cuMemGetHandleForAddressRange(
+        handle: *mut c_void,
+        dptr: CUdeviceptr,
+        size: usize,
+        handle_type: u32,
+        flags: u64,
     ) -> CUresult;
     pub(crate) fn cuMemGetAllocationPropertiesFromHandle(
         prop: *mut CUmemAllocationProp,

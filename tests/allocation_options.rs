@@ -128,7 +128,7 @@ fn rdma_flag_is_accepted_where_the_attribute_allows_it() {
     match PhysicalAllocation::with_options(g, options) {
         Err(Error::Unsupported { attribute, .. }) => {
             assert!(!supported, "refused although the attribute says yes");
-            assert_eq!(attribute, 116);
+            assert_eq!(attribute, 110);
         }
         Err(e) => panic!("RDMA-capable memory: unexpected error {e}"),
         Ok(memory) => {
@@ -217,8 +217,22 @@ fn fabric_pages_follow_the_attribute_and_the_probe() {
                 assert!(!supported, "refused although the attribute says yes");
                 assert_eq!(attribute, 128);
             }
+            // Refused before the probe: the machine has no IMEX channel. The driver must agree
+            // (the raw probe's `cuMemCreate` refused with NOT_PERMITTED), or the check refuses
+            // what the driver would allow.
+            Err(e @ Error::NoImexChannel { .. }) => {
+                assert!(supported);
+                assert_eq!(cuda_vmm::device::imex_channel(), None);
+                assert_eq!(
+                    probe,
+                    Some(Err(DriverError::NOT_PERMITTED.code())),
+                    "no IMEX channel found, but the driver's answer is another: {e}"
+                );
+                println!("round {round}: fabric pages refused before any allocation: {e}");
+            }
             Err(e @ Error::Refused { error, .. }) => {
                 assert!(supported);
+                assert!(cuda_vmm::device::imex_channel().is_some());
                 assert_eq!(
                     probe,
                     Some(Err(error.code())),

@@ -538,8 +538,8 @@ fn import_of_a_foreign_descriptor_is_refused() {
     println!("a pipe as an exported allocation: {e}");
 }
 
-/// Fabric handles: refused with a named error where the device or the process cannot have them;
-/// created where an IMEX channel exists.
+/// Fabric handles: refused with a named error where the device or the process cannot have them
+/// (before any allocation where the machine has no IMEX channel); created where one exists.
 #[test]
 fn fabric_memory_is_detected_and_refused_with_a_reason() {
     let _serial = serial();
@@ -554,6 +554,11 @@ fn fabric_memory_is_detected_and_refused_with_a_reason() {
         Err(Error::Unsupported { attribute, .. }) => {
             assert!(!supported);
             assert_eq!(attribute, 128);
+        }
+        Err(e @ Error::NoImexChannel { .. }) => {
+            assert!(supported);
+            assert_eq!(cuda_vmm::device::imex_channel(), None);
+            println!("fabric memory refused before any allocation: {e}");
         }
         Err(e @ Error::Refused { error, .. }) => {
             assert!(supported);

@@ -5,9 +5,11 @@
 //! `VirtualBuffer` range, a scope past its timeout aborting its communicator (which then refuses
 //! every call), non-blocking communicators (a single rank all-reducing, registering, grouping and
 //! tearing down to the byte of free memory, a creation whose peer never joins ending at its
-//! timeout, two ranks in one thread and in two), and two ranks (one process driving two GPUs, two
+//! timeout, two ranks in one thread and in two), two ranks (one process driving two GPUs, two
 //! processes meeting through a unique id passed over a pipe, and a peer that never joins an
-//! all-reduce). Every test skips visibly without a GPU, with too few GPUs, or where NCCL cannot be
+//! all-reduce), point-to-point transfers (a rank's send to itself in a group with an all-reduce,
+//! its refusals, and two ranks swapping blocks), and suspend and resume (or their refusal where
+//! NCCL is older than 2.29.7). Every test skips visibly without a GPU, with too few GPUs, or where NCCL cannot be
 //! loaded.
 //!
 //! No test harness (`harness = false` in Cargo.toml): `main` sets `NCCL_NVLS_ENABLE=0` before any
@@ -1287,6 +1289,195 @@ fn child() -> TestResult {
     one_rank_of_two(&ctx.new_stream()?, Device::get(1)?, 1, &id)
 }
 
+/// Four blocks of `n` floats each, split from one writable view: what the point-to-point tests
+/// send from, receive into, and all-reduce beside them.
+fn p2p_blocks(
+    buffer: &mut VirtualBuffer,
+    n: usize,
+) -> TestResult<[cuda_vmm::DeviceSliceMut<'_, f32>; 4]> {
+    let view = buffer.slice_bytes_mut::<f32>(..4 * n * 4)?;
+    let (first, rest) = view.split_at_mut(n)?;
+    let (second, rest) = rest.split_at_mut(n)?;
+    let (third, fourth) = rest.split_at_mut(n)?;
+    Ok([first, second, third, fourth])
+}
+
+/// One rank sends a block to itself: refused outside a group and for a peer outside the clique
+/// (before NCCL is called); inside a group, with an all-reduce of two other blocks in the same
+/// group, the received block is the sent one and the reduced block the input. Where NCCL refuses
+/// a rank's transfer to itself, the transfer part skips visibly with NCCL's code.
+fn send_and_recv_to_itself_on_one_rank() -> TestResult {
+    let test = "send_and_recv_to_itself_on_one_rank";
+    let Some((device, comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let page = page(device);
+    let mut buffer = grown(device, &[page])?;
+    let n = page / 16;
+    let (input, reduced) = (floats(n, 13), floats(n, 17));
+    let [mut send, mut recv, mut reduce_from, mut reduce_into] = p2p_blocks(&mut buffer, n)?;
+    send.copy_from_host(&input)?;
+    reduce_from.copy_from_host(&reduced)?;
+    for block in [&mut recv, &mut reduce_into] {
+        block.copy_from_host(&vec![-1.0; n])?;
+    }
+    comm.scope(|s| -> Result<(), Error> {
+        let from_block = s.lend(&send)?;
+        let mut received = s.lend_mut(&mut recv)?;
+        let alone = s.send(&from_block, 0);
+        assert!(
+            matches!(alone, Err(Error::NcclRefused { why, .. }) if why.contains("group")),
+            "{test}: a send to itself outside a group: {alone:?}"
+        );
+        let alone = s.recv(&mut received, 0);
+        assert!(
+            matches!(alone, Err(Error::NcclRefused { .. })),
+            "{test}: {alone:?}"
+        );
+        let outside = s.send(&from_block, 1);
+        assert!(
+            matches!(outside, Err(Error::OutOfBounds { len: 1, .. })),
+            "{test}: {outside:?}"
+        );
+        Ok(())
+    })?;
+    let grouped = comm.scope(|s| -> Result<(), Error> {
+        let from_block = s.lend(&send)?;
+        let mut received = s.lend_mut(&mut recv)?;
+        let from = s.lend(&reduce_from)?;
+        let mut into = s.lend_mut(&mut reduce_into)?;
+        group(|| {
+            s.send(&from_block, 0)?;
+            s.all_reduce(&from, &mut into, ReduceOp::Sum)?;
+            s.recv(&mut received, 0)
+        })
+    });
+    match grouped {
+        Err(e @ Error::Nccl { .. }) => {
+            skip(&format!(
+                "SKIPPED {test} (the transfer): NCCL {} refuses a rank's send to itself: {e}",
+                nccl::version()?
+            ));
+            return Ok(());
+        }
+        other => other?,
+    }
+    assert_eq!(recv.to_vec()?, input, "{test}: received what was sent");
+    assert_eq!(
+        reduce_into.to_vec()?,
+        reduced,
+        "{test}: the all-reduce of the same group"
+    );
+    assert_eq!(send.to_vec()?, input, "{test}: the sent block is unchanged");
+    Ok(())
+}
+
+/// Two ranks (two GPUs, one process) swap blocks: each sends `rank + 1` to the other and receives
+/// the other's, paired in one group; both read what the other sent.
+fn send_and_recv_between_two_ranks() -> TestResult {
+    let test = "send_and_recv_between_two_ranks";
+    let Some(gpus) = gpus_and_nccl_or_skip(test, 2) else {
+        return Ok(());
+    };
+    let streams: Vec<_> = gpus.iter().map(|(_, s)| Arc::clone(s)).collect();
+    let comms = Comm::from_devices(&streams)?;
+    let mut buffers = Vec::new();
+    for (device, _) in &gpus {
+        buffers.push(grown(*device, &[page(*device)])?);
+    }
+    let n = page(gpus[0].0).min(page(gpus[1].0)) / 16;
+    let [b0, b1] = &mut buffers[..] else {
+        unreachable!("two buffers")
+    };
+    let [mut send0, mut recv0, _, _] = p2p_blocks(b0, n)?;
+    let [mut send1, mut recv1, _, _] = p2p_blocks(b1, n)?;
+    send0.copy_from_host(&vec![1.0; n])?;
+    send1.copy_from_host(&vec![2.0; n])?;
+    recv0.copy_from_host(&vec![-1.0; n])?;
+    recv1.copy_from_host(&vec![-1.0; n])?;
+    comms[0].scope(|s0| {
+        comms[1].scope(|s1| -> Result<(), Error> {
+            let (l0, mut r0) = (s0.lend(&send0)?, s0.lend_mut(&mut recv0)?);
+            let (l1, mut r1) = (s1.lend(&send1)?, s1.lend_mut(&mut recv1)?);
+            group(|| {
+                s0.send(&l0, 1)?;
+                s0.recv(&mut r0, 1)?;
+                s1.send(&l1, 0)?;
+                s1.recv(&mut r1, 0)
+            })
+        })
+    })?;
+    assert!(
+        recv0.to_vec()?.iter().all(|&x| x == 2.0),
+        "{test}: rank 0 got rank 1's"
+    );
+    assert!(
+        recv1.to_vec()?.iter().all(|&x| x == 1.0),
+        "{test}: rank 1 got rank 0's"
+    );
+    Ok(())
+}
+
+/// Suspend and resume where the loaded NCCL has them (2.29.7 and later): every call between them
+/// is refused, and the communicator all-reduces again after the resume. Where it has not (2.28.3),
+/// both are refused with `Error::NcclUnavailable`, the communicator stays usable, and the suspend
+/// part skips visibly.
+fn suspend_and_resume_or_the_refusal() -> TestResult {
+    let test = "suspend_and_resume_or_the_refusal";
+    let Some((device, mut comm)) = one_rank(test) else {
+        return Ok(());
+    };
+    let context = Context::new(device)?;
+    let page = page(device);
+    let mut buffer = grown(device, &[page, page])?;
+    let n = page / 4;
+    let input = floats(n, 19);
+    all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
+    let before = context.memory_info()?.0;
+    match comm.suspend() {
+        Err(e @ Error::NcclUnavailable { .. }) => {
+            assert!(e.to_string().contains("2.29.7"), "{test}: {e}");
+            assert!(!comm.is_suspended());
+            let resume = comm.resume();
+            assert!(
+                matches!(resume, Err(Error::NcclUnavailable { .. })),
+                "{test}: {resume:?}"
+            );
+            all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
+            println!("{test}: refused: {e}");
+            skip(&format!(
+                "SKIPPED {test} (suspend and resume): NCCL {} has no ncclCommSuspend",
+                nccl::version()?
+            ));
+        }
+        Err(e) => return Err(e.into()),
+        Ok(()) => {
+            assert!(comm.is_suspended());
+            let during = context.memory_info()?.0;
+            println!(
+                "MEASURED {test}: free device memory {before} bytes before ncclCommSuspend, \
+                 {during} after"
+            );
+            let suspended = |r: &Result<(), Error>| matches!(r, Err(Error::NcclRefused { why, .. }) if why.contains("suspended"));
+            let scope = comm.scope(|_| -> Result<(), Error> { Ok(()) });
+            assert!(suspended(&scope), "{test}: a scope: {scope:?}");
+            let register = comm.register(&mut buffer, ..page).map(drop);
+            assert!(suspended(&register), "{test}: a registration: {register:?}");
+            let again = comm.suspend();
+            assert!(matches!(again, Err(Error::NcclRefused { .. })), "{again:?}");
+            comm.resume()?;
+            assert!(!comm.is_suspended());
+            let not_suspended = comm.resume();
+            assert!(
+                matches!(not_suspended, Err(Error::NcclRefused { .. })),
+                "{not_suspended:?}"
+            );
+            all_reduce_unregistered(test, &comm, &mut buffer, page, &input)?;
+        }
+    }
+    Ok(())
+}
+
 /// `[(name, function), ...]` of test functions, each named by its own identifier.
 macro_rules! named {
     ($($test:ident),* $(,)?) => {
@@ -1307,7 +1498,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Test; 23] = named![
+    let tests: [Test; 26] = named![
         nccl_loads_or_says_why,
         single_rank_all_reduce_registered_and_not,
         all_four_collectives_on_one_rank,
@@ -1331,6 +1522,9 @@ fn main() -> ExitCode {
         two_non_blocking_ranks_in_two_threads,
         two_gpus_in_one_process,
         two_processes_with_a_unique_id,
+        send_and_recv_to_itself_on_one_rank,
+        send_and_recv_between_two_ranks,
+        suspend_and_resume_or_the_refusal,
     ];
     let filter: Vec<String> = std::env::args()
         .skip(1)

@@ -201,7 +201,24 @@ mod shared {
     assert_not_impl_any!(cuda_vmm::ipc::ExportedBuffer: Clone, Copy);
     assert_impl_all!(cuda_vmm::ipc::BufferInfo: Send, Sync, Clone);
     assert_impl_all!(cuda_vmm::ipc::BufferPiece: Send, Sync, Copy);
+    // A dma-buf export owns its descriptors (a copy would close them twice) and borrows its buffer:
+    // as large as the descriptors' vector and the range, the borrow costing nothing.
+    assert_impl_all!(cuda_vmm::ipc::DmaBufExport<'static>: Send, Sync);
+    assert_not_impl_any!(cuda_vmm::ipc::DmaBufExport<'static>: Clone, Copy);
+    assert_impl_all!(cuda_vmm::ipc::DmaBufChunk: Send, Sync);
+    assert_not_impl_any!(cuda_vmm::ipc::DmaBufChunk: Clone, Copy);
+    assert_eq_size!(
+        cuda_vmm::ipc::DmaBufExport<'static>,
+        (Vec<cuda_vmm::ipc::DmaBufChunk>, core::ops::Range<usize>)
+    );
+    // A fabric handle is bytes that open memory, not an owner of it: cloned freely, each import its
+    // own reference.
+    assert_impl_all!(cuda_vmm::ipc::FabricHandle: Send, Sync, Clone);
+    assert_impl_all!(cuda_vmm::ipc::DmaBufLayout: Send, Sync, Copy);
 }
+// The capability reports are plain values.
+assert_impl_all!(cuda_vmm::device::Capabilities: Send, Sync, Copy);
+assert_impl_all!(cuda_vmm::peer::PairCapabilities: Send, Sync, Copy);
 // Stream-ordered work: owned streams, events and pinned memory move between threads and are shared
 // by reference (thread-safe driver handles; each binds its context before every call); a copy would
 // destroy or free twice. A scope is shared with threads that queue work too; a scoped stream is a

@@ -1,20 +1,24 @@
-//! The device table and the device × device peer tables, shared by `examples/topology.rs` and
-//! `examples/tour.rs` (each includes it with `#[path = "common/topology.rs"] mod topology;`).
+//! The device table, the capability report of every device (what it can do beyond one process,
+//! and the path an engine takes from it), and the device × device peer tables, shared by
+//! `examples/topology.rs` and `examples/tour.rs` (each includes it with
+//! `#[path = "common/topology.rs"] mod topology;`).
 //!
 //! Written for any number of devices: every table has one row per device or per ordered pair.
 
 use cuda_vmm::{
-    Device, Error, Granularity, allocation_granularity, peer::P2PAttributes, peer::can_access_peer,
-    peer::p2p_attributes,
+    Device, Error, Granularity, allocation_granularity, device::Capabilities, peer::P2PAttributes,
+    peer::PairCapabilities, peer::pair_capabilities,
 };
 
-/// Prints the per-device table and, with two or more devices, the peer-access matrix, a line on
-/// matrix and the P2P attributes of every ordered pair.
+/// Prints the per-device table, every device's capability report and the paths it offers, and, with
+/// two or more devices, the peer-access matrix, a line on it and the P2P attributes of every
+/// ordered pair.
 ///
 /// # Errors
 /// The first driver error of a query.
 pub(crate) fn print(devices: &[Device]) -> Result<(), Error> {
     print_devices(devices)?;
+    print_capabilities(devices)?;
     if devices.len() < 2 {
         println!(
             "\n  the device x device peer matrix needs two devices; found {}",
@@ -24,15 +28,20 @@ pub(crate) fn print(devices: &[Device]) -> Result<(), Error> {
     }
 
     let n = devices.len();
-    // links[i][j]: can GPU i access GPU j's memory directly (cuDeviceCanAccessPeer)? Directional.
-    let mut links = vec![vec![false; n]; n];
-    for (i, &from) in devices.iter().enumerate() {
-        for (j, &to) in devices.iter().enumerate() {
-            if i != j {
-                links[i][j] = can_access_peer(from, to)?.is_some();
-            }
-        }
+    // pairs[i][j]: the report of the direction GPU i -> GPU j (cuDeviceCanAccessPeer and the P2P
+    // attributes, `peer::pair_capabilities`); for i == j, no link.
+    let mut pairs = Vec::with_capacity(n);
+    for &from in devices {
+        let row = devices
+            .iter()
+            .map(|&to| pair_capabilities(from, to))
+            .collect::<Result<Vec<_>, _>>()?;
+        pairs.push(row);
     }
+    let links: Vec<Vec<bool>> = pairs
+        .iter()
+        .map(|row| row.iter().map(|pair| pair.peer_access).collect())
+        .collect();
 
     print_matrix(
         "peer access: can the row's GPU access the column's GPU's memory? (cuDeviceCanAccessPeer)",
@@ -46,7 +55,103 @@ pub(crate) fn print(devices: &[Device]) -> Result<(), Error> {
          PeerAccess guard), which needs a 'yes' above; everywhere else it stages through pinned host \
          memory."
     );
-    print_pairs(devices, &links)
+    print_pairs(&pairs);
+    Ok(())
+}
+
+/// One row per device: what `Device::capabilities` reports (each a driver attribute, with no trial
+/// allocation; the IMEX channel a device file of the machine), then the path each device offers
+/// an engine that moves memory beyond one process.
+fn print_capabilities(devices: &[Device]) -> Result<(), Error> {
+    let reports = devices
+        .iter()
+        .map(|&device| device.capabilities())
+        .collect::<Result<Vec<_>, _>>()?;
+    println!(
+        "\n  what each device can do beyond one process (Device::capabilities: device attributes, \
+         no trial allocation)"
+    );
+    println!(
+        "    {:<4} {:<8} {:<6} {:<12} {:<5} {:<8} {:<7} {:<4} {:<14} NUMA multi-node IPC",
+        "GPU",
+        "POSIX fd",
+        "fabric",
+        "IMEX channel",
+        "RDMA",
+        "RDMA+VMM",
+        "dma-buf",
+        "host",
+        "host NUMA"
+    );
+    for caps in &reports {
+        let channel = caps
+            .imex_channel
+            .map_or_else(|| "none".to_owned(), |c| format!("channel{c}"));
+        let numa = match (caps.host_numa_memory, caps.host_numa_node) {
+            (true, Some(node)) => format!("yes (node {node})"),
+            (true, None) => "yes".to_owned(),
+            (false, _) => "no".to_owned(),
+        };
+        println!(
+            "    {:<4} {:<8} {:<6} {:<12} {:<5} {:<8} {:<7} {:<4} {:<14} {}",
+            caps.device.ordinal(),
+            yes_no(caps.posix_fd_handles),
+            yes_no(caps.fabric_handles),
+            channel,
+            yes_no(caps.gpu_direct_rdma),
+            yes_no(caps.gpu_direct_rdma_with_vmm),
+            yes_no(caps.dma_buf),
+            yes_no(caps.host_memory),
+            numa,
+            yes_no(caps.host_numa_multinode_ipc)
+        );
+    }
+    println!("\n  the paths each device offers (picked from the report above):");
+    for caps in &reports {
+        for line in paths(caps) {
+            println!("    GPU {}: {line}", caps.device.ordinal());
+        }
+    }
+    Ok(())
+}
+
+/// The ways `caps`' device shares its VMM memory beyond one process: with other processes of this
+/// machine, with other machines over `NVLink`, and with a network adapter.
+fn paths(caps: &Capabilities) -> [String; 3] {
+    let processes = if caps.posix_fd_handles {
+        "other processes of this machine: POSIX file descriptors (ShareableAllocation<PosixFd>, \
+         ExportableBuffer)"
+            .to_owned()
+    } else {
+        "other processes of this machine: none (no POSIX-fd handles)".to_owned()
+    };
+    let nodes = match (caps.fabric_handles, caps.imex_channel) {
+        (true, Some(channel)) => format!(
+            "other machines over NVLink: fabric handles (ShareableAllocation<Fabric>, IMEX \
+             channel {channel})"
+        ),
+        (true, None) => "other machines over NVLink: none here: fabric handles need an IMEX \
+                         channel, and this machine has none (refused before any allocation)"
+            .to_owned(),
+        (false, _) => "other machines over NVLink: none (no fabric handles)".to_owned(),
+    };
+    let network = if caps.dma_buf_export() {
+        format!(
+            "a network adapter: dma-buf descriptors of VirtualBuffer ranges \
+             (VirtualBuffer::export_dma_buf){}",
+            if caps.gpu_direct_rdma_with_vmm {
+                ", pages made GPUDirect RDMA capable (PageOptions::with_rdma)"
+            } else {
+                ""
+            }
+        )
+    } else if caps.gpu_direct_rdma {
+        "a network adapter: GPUDirect RDMA without dma-buf (the adapter's peer-memory module)"
+            .to_owned()
+    } else {
+        "a network adapter: none directly: stage through host memory".to_owned()
+    };
+    [processes, nodes, network]
 }
 
 /// One row per device: name, VMM support and the two allocation granularities.
@@ -124,8 +229,9 @@ fn print_matrix(
     }
 }
 
-/// One row per ordered pair: peer access and the driver's P2P attributes of that direction.
-fn print_pairs(devices: &[Device], links: &[Vec<bool>]) -> Result<(), Error> {
+/// One row per ordered pair: peer access and the driver's P2P attributes of that direction, from
+/// its report.
+fn print_pairs(pairs: &[Vec<PairCapabilities>]) {
     println!(
         "\n  P2P attributes of each direction (cuDeviceGetP2PAttribute); lower rank is faster"
     );
@@ -134,35 +240,35 @@ fn print_pairs(devices: &[Device], links: &[Vec<bool>]) -> Result<(), Error> {
         "from -> to", "peer access", "perf rank", "access supported", "native atomics"
     );
     let mut disagreements = Vec::new();
-    for (i, &from) in devices.iter().enumerate() {
-        for (j, &to) in devices.iter().enumerate() {
-            if i == j {
-                continue;
-            }
-            let P2PAttributes {
-                performance_rank,
-                access_supported,
-                native_atomics,
-                cuda_array_access,
-                ..
-            } = p2p_attributes(from, to)?;
-            let pair = format!("GPU {} -> GPU {}", from.ordinal(), to.ordinal());
-            println!(
-                "    {pair:<16} {:<11} {performance_rank:<9} {:<16} {:<14} {}",
-                yes_no(links[i][j]),
-                yes_no(access_supported),
-                yes_no(native_atomics),
-                yes_no(cuda_array_access)
-            );
-            if access_supported != links[i][j] {
-                disagreements.push(pair);
-            }
+    let mut count = 0usize;
+    for pair in pairs.iter().flatten() {
+        // A device and itself: no link, no attributes.
+        let Some(P2PAttributes {
+            performance_rank,
+            access_supported,
+            native_atomics,
+            cuda_array_access,
+            ..
+        }) = pair.attributes
+        else {
+            continue;
+        };
+        count += 1;
+        let name = format!("GPU {} -> GPU {}", pair.from.ordinal(), pair.to.ordinal());
+        println!(
+            "    {name:<16} {:<11} {performance_rank:<9} {:<16} {:<14} {}",
+            yes_no(pair.peer_access),
+            yes_no(access_supported),
+            yes_no(native_atomics),
+            yes_no(cuda_array_access)
+        );
+        if access_supported != pair.peer_access {
+            disagreements.push(name);
         }
     }
-    let pairs = devices.len() * (devices.len() - 1);
     if disagreements.is_empty() {
         println!(
-            "  checked: cuDeviceCanAccessPeer and ACCESS_SUPPORTED agree for all {pairs} ordered pairs"
+            "  checked: cuDeviceCanAccessPeer and ACCESS_SUPPORTED agree for all {count} ordered pairs"
         );
     } else {
         println!(
@@ -171,7 +277,6 @@ fn print_pairs(devices: &[Device], links: &[Vec<bool>]) -> Result<(), Error> {
             disagreements.join(", ")
         );
     }
-    Ok(())
 }
 
 fn yes_no(value: bool) -> &'static str {

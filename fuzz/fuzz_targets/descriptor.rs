@@ -1,12 +1,13 @@
-//! The descriptor decoders, on arbitrary bytes: `BufferInfo::from_bytes` (a whole exported buffer)
-//! and `ExportInfo::from_bytes` (one exported allocation). Each gives a checked description or an
-//! `Error`, never a panic; what is accepted keeps every promise of its type (pieces non-empty,
-//! aligned to their granularity, sorted, disjoint, inside the budget) and encodes back to the same
-//! bytes.
+//! The descriptor decoders, on arbitrary bytes: `BufferInfo::from_bytes` (a whole exported buffer),
+//! `ExportInfo::from_bytes` (one exported allocation) and `FabricHandle::from_bytes` (a fabric
+//! handle and its description). Each gives a checked description or an `Error`, never a panic;
+//! what is accepted keeps every promise of its type (pieces non-empty, aligned to their
+//! granularity, sorted, disjoint, inside the budget; a size that is a non-zero multiple of a
+//! non-zero granularity) and encodes back to the same bytes.
 
 #![no_main]
 
-use cuda_vmm::ipc::{BufferInfo, ExportInfo};
+use cuda_vmm::ipc::{BufferInfo, ExportInfo, FabricHandle};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -37,5 +38,15 @@ fuzz_target!(|bytes: &[u8]| {
         );
         assert!(info.size() > 0 && info.granularity() > 0);
         assert_eq!(info.size() % info.granularity(), 0);
+    }
+    if let Ok(handle) = FabricHandle::from_bytes(bytes) {
+        assert_eq!(
+            &handle.to_bytes()[..],
+            bytes,
+            "an accepted fabric handle re-encodes"
+        );
+        assert!(handle.size() > 0 && handle.granularity() > 0);
+        assert_eq!(handle.size() % handle.granularity(), 0);
+        assert_eq!(&bytes[bytes.len() - 64..], handle.raw_handle());
     }
 });

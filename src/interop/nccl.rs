@@ -1,6 +1,7 @@
 //! NCCL collectives on this crate's memory (feature `nccl`): all-reduce, broadcast, all-gather and
-//! reduce-scatter on views lent in a [`cudarc` scope](super::cudarc::scope), buffers registered
-//! with a communicator for as long as they are borrowed, and symmetric windows.
+//! reduce-scatter, and point-to-point sends and receives, on views lent in a
+//! [`cudarc` scope](super::cudarc::scope), buffers registered with a communicator for as long as
+//! they are borrowed, symmetric windows, and communicators suspended while an engine sleeps.
 //!
 //! # Why it exists
 //! Data-parallel training keeps each GPU's gradients in memory that grows (a
@@ -38,10 +39,10 @@
 //!
 //! # The rules, and where each is kept
 //! - **Collectives take lent views of their own scope.** [`Comm::scope`] is
-//!   [`cudarc::scope`](super::cudarc::scope) on the communicator's stream; its collectives take
-//!   [`Lent`] and [`LentMut`] of that scope only (`'scope` is invariant and higher-ranked, so a
-//!   value lent in another scope is another type). The scope waits for the stream before it
-//!   returns, also on a panic.
+//!   [`cudarc::scope`](super::cudarc::scope) on the communicator's stream; its collectives, sends
+//!   and receives take [`Lent`] and [`LentMut`] of that scope only, and what they write only as a
+//!   [`LentMut`] (`'scope` is invariant and higher-ranked, so a value lent in another scope is
+//!   another type). The scope waits for the stream before it returns, also on a panic.
 //! - **Groups end inside the scopes whose views they hold.** NCCL launches a group's work at
 //!   `ncclGroupEnd`. [`group`] is a closure: it ends the group when the closure returns or
 //!   unwinds, inside every scope that encloses the call; a scope opened inside a group (whose wait
@@ -62,6 +63,57 @@
 //!   one communicator to be used from two threads at once, and its registrations and windows use it
 //!   when they are dropped. Make one communicator per thread ([`Comm::from_rank`] with a
 //!   [`UniqueId`]), or drive several GPUs from one thread ([`Comm::from_devices`]).
+//!
+//! # Several hosts
+//! An engine that outgrows one machine runs one rank per GPU, usually one process per GPU, and
+//! makes each rank's communicator with [`Comm::from_rank`] (or [`Comm::from_rank_with`], whose
+//! [timeout](CommOptions::with_timeout) bounds a peer that never joins):
+//! - **The unique id travels through the engine's own channel.** Rank 0 makes it
+//!   ([`UniqueId::new`]) and sends its 128 bytes to every other rank through whatever the engine
+//!   already has between its processes (its coordinator, a TCP connection, a key-value store):
+//!   [`UniqueId::as_bytes`] and [`UniqueId::from_bytes`], or [`UniqueId::write_to`] and
+//!   [`UniqueId::read_from`] on a byte stream. The bytes hold rank 0's bootstrap address, which
+//!   every host must reach (NCCL's `NCCL_SOCKET_IFNAME` picks the interface), and a random magic
+//!   of the bootstrap: send them to the clique's ranks only, and do not log them.
+//! - **One rank per GPU.** NCCL refuses two ranks of one clique on one GPU; [`Comm::from_devices`]
+//!   checks it before the call. A process that drives several local GPUs makes one communicator
+//!   per GPU and queues their work inside one [`group`].
+//! - **Moving a KV cache or activations.** [`CommScope::send`] and [`CommScope::recv`] on lent
+//!   views, paired inside a [`group`] where a rank both sends and receives; the scope returns only
+//!   once the transfer has finished (or the communicator is aborted), so the cache's pages cannot
+//!   be evicted or unmapped under the network.
+//! - **Network zero-copy.** NCCL's InfiniBand and `RoCE` transports register user buffers with the
+//!   adapter ([`Comm::register`], windows). For VMM memory the adapter needs pages made `GPUDirect`
+//!   RDMA capable where the device offers it ([`PageOptions::with_rdma`] where
+//!   [`Capabilities::gpu_direct_rdma_with_vmm`]), and NCCL registers them through dma-buf where
+//!   the device supports it ([`Capabilities::dma_buf`]; `NCCL_DMABUF_ENABLE`) or through the
+//!   `nvidia-peermem` module otherwise. Windows need pages exportable as POSIX file descriptors
+//!   ([`PageOptions::posix_fd`]): NCCL maps them into the other ranks of the host. Across the
+//!   nodes of a multi-node `NVLink` system NCCL shares memory as fabric handles
+//!   ([`HandleKinds::FABRIC`], which needs an IMEX channel: [`Capabilities::fabric_usable`]); a
+//!   window here is checked for POSIX file descriptors only, so on such a system its pages are
+//!   made with both kinds (not measured here: these machines have no IMEX channel).
+//!   [`Device::capabilities`] says which of these a device has, with no trial allocation.
+//! - **An engine's own transport** (NIXL, UCX, libfabric, Mooncake) registers a buffer's pages
+//!   itself: [`VirtualBuffer::export_dma_buf`] gives one dma-buf descriptor per page (each checked
+//!   to cover its whole page), and [`FabricHandle`] carries a fabric-shareable allocation to
+//!   another node in 64 bytes.
+//!
+//! [`PageOptions::with_rdma`]: crate::owned::PageOptions::with_rdma
+//! [`PageOptions::posix_fd`]: crate::owned::PageOptions::posix_fd
+//! [`Capabilities::gpu_direct_rdma_with_vmm`]: crate::device::Capabilities::gpu_direct_rdma_with_vmm
+//! [`Capabilities::dma_buf`]: crate::device::Capabilities::dma_buf
+//! [`Capabilities::fabric_usable`]: crate::device::Capabilities::fabric_usable
+//! [`HandleKinds::FABRIC`]: crate::vmm::HandleKinds::FABRIC
+//! [`Device::capabilities`]: crate::Device::capabilities
+//! [`VirtualBuffer::export_dma_buf`]: crate::VirtualBuffer::export_dma_buf
+//! [`FabricHandle`]: crate::ipc::FabricHandle
+//!
+//! # Sleeping engines
+//! [`Comm::suspend`] gives back a communicator's own device memory (`ncclCommSuspend`, NCCL
+//! 2.29.7 and later) and [`Comm::resume`] brings it back, the communicator kept; both take
+//! `&mut self`, and every call in between is refused. Where the loaded NCCL is older, both return
+//! [`Error::NcclUnavailable`] and the communicator stays as it was.
 //!
 //! # Loading NCCL
 //! NCCL is opened at run time (`libnccl.so.2`, then `libnccl.so`), so the feature builds and its
@@ -137,8 +189,12 @@ use crate::wait::Polling;
 mod api;
 mod id;
 mod nonblocking;
+// `CommScope::send` and `CommScope::recv`.
+mod p2p;
 mod register;
 mod scope;
+// `Comm::suspend` and `Comm::resume`.
+mod suspend;
 
 pub use id::UniqueId;
 pub use nonblocking::CommOptions;
@@ -247,6 +303,9 @@ pub(crate) struct Core {
     deregistered: Cell<u64>,
     /// Set by `ncclCommAbort`: the handle is freed, and every later use is refused.
     aborted: Cell<bool>,
+    /// Set by `ncclCommSuspend` ([`Comm::suspend`]), cleared by `ncclCommResume`: every use but
+    /// the resume is refused meanwhile.
+    suspended: Cell<bool>,
     /// `ncclConfig_t::blocking`: a non-blocking communicator's calls are settled by
     /// [`Core::finish`].
     blocking: bool,
@@ -286,12 +345,24 @@ impl Core {
     }
 
     /// Before every NCCL call on the communicator: the refusal once it was aborted (its handle
-    /// is freed), else [`bind`](Core::bind).
+    /// is freed) or while it is suspended, else [`bind`](Core::bind).
     fn live(&self, call: &'static str) -> Result<(), Error> {
+        self.unless_aborted(call)?;
+        if self.suspended.get() {
+            return Err(Error::NcclRefused {
+                call,
+                why: suspend::SUSPENDED,
+            });
+        }
+        self.bind()
+    }
+
+    /// The refusal of `call` once the communicator was aborted.
+    fn unless_aborted(&self, call: &'static str) -> Result<(), Error> {
         if self.aborted.get() {
             return Err(Error::NcclRefused { call, why: ABORTED });
         }
-        self.bind()
+        Ok(())
     }
 
     /// `ncclCommAbort` — stop the communicator's work on the device (its kernels exit) and free it.
@@ -661,6 +732,13 @@ impl Comm {
             return Err(Error::NcclRefused {
                 call: "Comm::scope",
                 why: ABORTED,
+            }
+            .into());
+        }
+        if self.core.suspended.get() {
+            return Err(Error::NcclRefused {
+                call: "Comm::scope",
+                why: suspend::SUSPENDED,
             }
             .into());
         }

@@ -21,6 +21,7 @@ use crate::vmm::reservation::VirtualReservation;
 use super::pages::{Claims, RETIRED, Span, check_new_range, insertion_point, pages_inside};
 use super::shared::SharedPage;
 
+mod dmabuf;
 mod evict;
 mod evict_ordered;
 mod exportable;

@@ -13,6 +13,7 @@ use crate::sys;
 mod handles;
 
 pub use handles::HandleKinds;
+pub(crate) use handles::check_fabric;
 
 /// Which allocation granularity to ask for (`CUmemAllocationGranularity_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,7 +77,7 @@ impl Location {
 /// | option | device memory | [`Location::HostNuma`] | [`Location::Host`] |
 /// | --- | --- | --- | --- |
 /// | [`HandleKinds::POSIX_FD`] | `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED` | passed to the driver (no attribute covers host memory) | refused: the driver refuses any handle type there |
-/// | [`HandleKinds::FABRIC`] | `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, and a probe: one allocation exported and imported as a fabric handle, once per device | refused | refused |
+/// | [`HandleKinds::FABRIC`] | `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, an IMEX channel on the machine ([`imex_channel`](crate::device::imex_channel), no allocation), and a probe: one allocation exported and imported as a fabric handle, once per device | refused | refused |
 /// | [`with_rdma`](AllocationOptions::with_rdma) | `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED` | refused | refused |
 ///
 /// A [`HostAllocation`](crate::host::HostAllocation), whose bytes the CPU borrows as slices, is
@@ -334,8 +335,9 @@ impl PhysicalAllocation {
     /// Before `cuMemCreate`: [`Error::NotForLocation`] for an option the location does not take
     /// (a handle kind for [`Location::Host`], a fabric handle or the RDMA flag for host memory);
     /// [`Error::Unsupported`] where the device attribute of a handle kind or of RDMA is 0;
+    /// [`Error::NoImexChannel`] for a fabric handle where the machine has no IMEX channel;
     /// [`Error::Refused`] where the fabric probe failed (with `CUDA_ERROR_NOT_PERMITTED` where the
-    /// process has no IMEX channel). Otherwise as [`PhysicalAllocation::new`].
+    /// process cannot use the IMEX channel). Otherwise as [`PhysicalAllocation::new`].
     #[doc(alias = "cuMemCreate")]
     pub fn with_options(
         size: usize,

@@ -95,6 +95,10 @@ static_assertions::const_assert_eq!(core::mem::offset_of!(RawConfig, undefined),
 /// `NCCL_WIN_COLL_SYMMETRIC`: a window that symmetric collective kernels may use.
 pub(crate) const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
+/// `NCCL_SUSPEND_MEM` (NCCL 2.29.7): `ncclCommSuspend` releases the communicator's suspendable
+/// device memory.
+pub(crate) const SUSPEND_MEM: c_int = 0x01;
+
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueId = unsafe extern "C" fn(*mut RawId) -> c_int;
 type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, RawId, c_int) -> c_int;
@@ -126,6 +130,10 @@ type Broadcast = unsafe extern "C" fn(
 type AllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, RawStream) -> c_int;
 type ReduceScatter = AllReduce;
+type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, RawStream) -> c_int;
+type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> c_int;
+type CommSuspend = unsafe extern "C" fn(RawComm, c_int) -> c_int;
+type CommResume = unsafe extern "C" fn(RawComm) -> c_int;
 type Group = unsafe extern "C" fn() -> c_int;
 type CommRegister = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> c_int;
 type CommDeregister = unsafe extern "C" fn(RawComm, *mut c_void) -> c_int;
@@ -150,6 +158,12 @@ pub(crate) struct Api {
     pub(crate) broadcast: Option<Broadcast>,
     pub(crate) all_gather: Option<AllGather>,
     pub(crate) reduce_scatter: Option<ReduceScatter>,
+    pub(crate) send: Option<SendFn>,
+    pub(crate) recv: Option<RecvFn>,
+    /// NCCL 2.29.7 and later.
+    pub(crate) comm_suspend: Option<CommSuspend>,
+    /// NCCL 2.29.7 and later.
+    pub(crate) comm_resume: Option<CommResume>,
     pub(crate) group_start: Option<Group>,
     pub(crate) group_end: Option<Group>,
     pub(crate) comm_register: Option<CommRegister>,
@@ -224,6 +238,10 @@ fn open() -> Result<Api, &'static str> {
         broadcast: symbol(&library, b"ncclBroadcast\0"),
         all_gather: symbol(&library, b"ncclAllGather\0"),
         reduce_scatter: symbol(&library, b"ncclReduceScatter\0"),
+        send: symbol(&library, b"ncclSend\0"),
+        recv: symbol(&library, b"ncclRecv\0"),
+        comm_suspend: symbol(&library, b"ncclCommSuspend\0"),
+        comm_resume: symbol(&library, b"ncclCommResume\0"),
         group_start: symbol(&library, b"ncclGroupStart\0"),
         group_end: symbol(&library, b"ncclGroupEnd\0"),
         comm_register: symbol(&library, b"ncclCommRegister\0"),
@@ -237,8 +255,9 @@ fn open() -> Result<Api, &'static str> {
 /// The function `name` (NUL-terminated) with the type `F` this module declares for it.
 fn symbol<F: Copy>(library: &libloading::Library, name: &[u8]) -> Option<F> {
     // SAFETY: every `F` this module asks for is the C signature of `name` in `nccl.h` (NCCL
-    // 2.19 to 2.28), with `c_int` for `ncclResult_t` and the int-sized enums, and `RawConfig` for
-    // `ncclConfig_t *` (a prefix NCCL reads by its `size` and `version`, see `RawConfig`); the pointer is
-    // copied out of the `Symbol` and used only while the library stays open (for the process).
+    // 2.19 to 2.29; `ncclCommSuspend` and `ncclCommResume` are 2.29.7's), with `c_int` for
+    // `ncclResult_t` and the int-sized enums, and `RawConfig` for `ncclConfig_t *` (a prefix NCCL
+    // reads by its `size` and `version`, see `RawConfig`); the pointer is copied out of the
+    // `Symbol` and used only while the library stays open (for the process).
     unsafe { library.get::<F>(name).ok().map(|s| *s) }
 }

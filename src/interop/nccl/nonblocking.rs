@@ -192,6 +192,7 @@ impl Core {
             registered: Cell::new(0),
             deregistered: Cell::new(0),
             aborted: Cell::new(false),
+            suspended: Cell::new(false),
             blocking: options.blocking,
             timeout: Cell::new(options.timeout),
         })

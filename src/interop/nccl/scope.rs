@@ -74,14 +74,14 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         self.inner.lend_mut(view)
     }
 
-    fn raw_stream(&self) -> RawStream {
+    pub(super) fn raw_stream(&self) -> RawStream {
         self.comm.stream.cu_stream().cast()
     }
 
     /// The addresses of the lent values of one collective, on the communicator's stream (the
     /// scope's), from one capture check; never-mapped ranges while the stream captures a graph
     /// (the scope then returns [`Error::StreamRefused`]).
-    fn addresses<const N: usize>(&self, lent: [LentAddress; N]) -> [u64; N] {
+    pub(super) fn addresses<const N: usize>(&self, lent: [LentAddress; N]) -> [u64; N] {
         self.inner.collective_addresses(lent)
     }
 
@@ -384,7 +384,7 @@ pub(super) fn no_foreign_group(call: &'static str) -> Result<(), Error> {
 /// outside the crate is open ([`no_foreign_group`]); inside one, records the communicator for the
 /// group's end, and refuses a communicator that blocks where the group's others do not, or the
 /// reverse.
-fn join_group(core: &Rc<Core>, call: &'static str) -> Result<(), Error> {
+pub(super) fn join_group(core: &Rc<Core>, call: &'static str) -> Result<(), Error> {
     if !in_group() {
         return no_foreign_group(call);
     }

@@ -7,7 +7,7 @@ use core::ops::{BitOr, BitOrAssign};
 use std::sync::{Mutex, PoisonError};
 
 use super::{AllocationOptions, Location};
-use crate::device::Device;
+use crate::device::{Capabilities, Device, imex_channel};
 use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::sys;
 
@@ -106,6 +106,40 @@ impl fmt::Debug for HandleKinds {
     }
 }
 
+impl Capabilities {
+    /// The kinds of shareable handle the device's memory can be created with, as its report says:
+    /// [`HandleKinds::POSIX_FD`] where the device supports POSIX file descriptors,
+    /// [`HandleKinds::FABRIC`] where it supports fabric handles and the machine has an IMEX channel
+    /// ([`fabric_usable`](Capabilities::fabric_usable)). What
+    /// [`AllocationOptions::with_handle_kinds`] and
+    /// [`PageOptions::with_handle_kinds`](crate::owned::PageOptions::with_handle_kinds) can ask for
+    /// here without a refusal from the checks (the fabric probe may still refuse a process that
+    /// cannot open the channel).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::vmm::HandleKinds;
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let caps = cuda_vmm::Device::get(0)?.capabilities()?;
+    /// let across_nodes = caps.handle_kinds().contains(HandleKinds::FABRIC);
+    /// println!("share across nodes with fabric handles: {across_nodes}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn handle_kinds(&self) -> HandleKinds {
+        let mut kinds = HandleKinds::NONE;
+        if self.posix_fd_handles {
+            kinds |= HandleKinds::POSIX_FD;
+        }
+        if self.fabric_usable() {
+            kinds |= HandleKinds::FABRIC;
+        }
+        kinds
+    }
+}
+
 /// What a fabric refusal of `NOT_PERMITTED` means.
 const NO_IMEX_CHANNEL: &str = "the process has no IMEX channel (the driver's \
      nvidia-caps-imex-channels device and a channel file the user can open)";
@@ -115,12 +149,13 @@ const FABRIC_WHAT: &str = "fabric-shareable memory";
 /// Checks `options` before `cuMemCreate`: every handle kind and the RDMA flag against the location
 /// (host memory is never fabric-shareable or RDMA-flagged here, and memory with no NUMA node never
 /// shareable) and, for device memory, against the device attribute that allows it; fabric handles
-/// also against a probe, made once per device.
+/// also against the machine's IMEX channel (no allocation), then a probe, made once per device.
 ///
 /// # Errors
 /// [`Error::NotForLocation`] for an option the location does not take; [`Error::Unsupported`] where
-/// a device attribute is 0; [`Error::Refused`] where the fabric probe failed; the driver's error
-/// where an attribute or the probe could not be read.
+/// a device attribute is 0; [`Error::NoImexChannel`] for fabric handles where the machine has no
+/// IMEX channel; [`Error::Refused`] where the fabric probe failed; the driver's error where an
+/// attribute or the probe could not be read.
 pub(super) fn check_supported(options: &AllocationOptions) -> Result<()> {
     let kinds = options.handle_kinds();
     if kinds.is_empty() && !options.rdma() {
@@ -175,13 +210,7 @@ fn check_device(device: Device, kinds: HandleKinds, rdma: bool) -> Result<()> {
         });
     }
     if kinds.contains(HandleKinds::FABRIC) {
-        if !device.supports_fabric_handles()? {
-            return Err(Error::Unsupported {
-                what: FABRIC_WHAT,
-                device: device.as_raw(),
-                attribute: sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
-            });
-        }
+        check_fabric(device)?;
         fabric_probe_cached(device)?;
     }
     if rdma && !device.supports_gpu_direct_rdma_with_vmm()? {
@@ -189,6 +218,30 @@ fn check_device(device: Device, kinds: HandleKinds, rdma: bool) -> Result<()> {
             what: "GPUDirect RDMA capable VMM memory",
             device: device.as_raw(),
             attribute: sys::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `device` can have fabric-shareable memory with no allocation and no driver call
+/// other than an attribute query: its fabric attribute, then the machine's IMEX channel (without
+/// one the driver refuses with `CUDA_ERROR_NOT_PERMITTED`). What a fabric export or import checks
+/// first; an allocation then asks the probe too.
+///
+/// # Errors
+/// [`Error::Unsupported`] where the attribute is 0; [`Error::NoImexChannel`] where the machine has
+/// no IMEX channel; the driver's error where the attribute could not be read.
+pub(crate) fn check_fabric(device: Device) -> Result<()> {
+    if !device.supports_fabric_handles()? {
+        return Err(Error::Unsupported {
+            what: FABRIC_WHAT,
+            device: device.as_raw(),
+            attribute: sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+        });
+    }
+    if imex_channel().is_none() {
+        return Err(Error::NoImexChannel {
+            device: device.as_raw(),
         });
     }
     Ok(())
