@@ -62,33 +62,59 @@
 //!   destination's stream), they cannot return an error, so they return the address of a range
 //!   that is reserved and never mapped: the operation fails or faults, and touches no memory. The
 //!   scope then returns [`Error::StreamRefused`].
+//! - **An operation pulled into a capture after the check is found.** cudarc's other arguments
+//!   can pull the scope's stream into a capture after a lent view's check: its event tracking
+//!   makes the stream wait for a `CudaSlice`'s last write, and where that write was recorded
+//!   inside a capture of another stream, the wait joins the stream to the capture, so the
+//!   operation is captured, not run (`memcpy_dtod(&lent, &mut slice)`). The guard a lent view
+//!   returns therefore records an event of the scope (its probe) on the stream right after the
+//!   operation is queued: a captured event exactly where the operation was captured. The next lend,
+//!   launch builder or collective, and the scope's end, query it first. While the capture is under
+//!   way the query answers `CUDA_ERROR_CAPTURED_EVENT` and invalidates the capture (its end makes no
+//!   graph, so the captured work never runs), and the scope refuses every later lend and returns
+//!   [`Error::StreamCapturing`]. Once the capture has ended with a graph, the query answers
+//!   `CUDA_ERROR_INVALID_VALUE`: the graph may replay the lent address after the scope, nothing
+//!   sound is left, and the process aborts with a line on stderr starting `cuda-vmm: aborting:`
+//!   (measured on an H200, `tests/seam_facts.rs`; `tests/seams.rs` shows both). Where the stream's
+//!   context tracks no events (cudarc then records nothing through a guard), the guard waits for the
+//!   stream instead; the legacy default stream joins no capture (906), and its guard does nothing.
 //! - **Kernel launches** ([`LaunchArgs::launch`]) are `unsafe` in cudarc, and [`PushKernelArg`] is
 //!   not told the stream: the launch's contract gains one condition for lent arguments, that it runs
 //!   on the scope's stream and is not captured into a graph ([`Scope::launch_builder`] makes a
 //!   builder on that stream, after checking that it is not capturing; beginning a capture between
-//!   the builder and the launch breaks the condition).
-//!
+//!   the builder and the launch, or an argument whose events pull the stream into one, breaks the
+//!   condition).
 //! - **The wait holds under stream capture.** It is the crate's one wait (see
 //!   [When a wait fails](crate::scope#when-a-wait-fails)): another thread's capture does not refuse
 //!   it, and a capture begun on the scope's stream inside the closure (cudarc's safe
 //!   `begin_capture`) is ended by the scope, its graph destroyed, before the scope waits for the work
-//!   queued before it and returns [`Error::StreamCapturing`].
+//!   queued before it and returns [`Error::StreamCapturing`]; so is a capture of this thread's
+//!   per-thread default stream that stands in the wait's way.
+//! - **No `&mut [T]` of page-locked memory.** cudarc's `memcpy_dtoh` treats every `&mut [T]` as
+//!   pageable memory, into which the driver copies before returning (so cudarc returns once the
+//!   copy is queued). Behind a `&mut [T]` of page-locked memory the copy would still run after the
+//!   return; a [`PinnedBuffer`](crate::PinnedBuffer) gives none, and cudarc's own `PinnedHostSlice`
+//!   is made by an `unsafe` function and waits for its own event before it gives a slice. Copy into
+//!   a `PinnedBuffer` with this crate's
+//!   [`ScopedStream::copy_to_host`](crate::stream::ScopedStream::copy_to_host), whose borrow lasts
+//!   until the scope has waited.
 //!
 //! # What it does not cover
-//! - **cudarc's copies into page-locked memory.** cudarc's `memcpy_dtoh` treats every `&mut [T]`
-//!   as pageable memory, into which the driver copies before returning, and so returns as soon as
-//!   the copy is queued. Where page-locked memory is behind the slice (a
-//!   [`PinnedBuffer`](crate::PinnedBuffer) dereferenced, or cudarc's own `PinnedHostSlice`), the
-//!   copy is still running when it returns (`tests/cudarc.rs` shows it), and reading that memory
-//!   before the scope returns is a data race that neither crate prevents. Copy into pageable memory
-//!   (a `Vec`) with cudarc, or into a `PinnedBuffer` with this crate's
-//!   [`ScopedStream::copy_to_host`](crate::stream::ScopedStream::copy_to_host), whose borrow lasts until the
-//!   scope has waited.
-//! - **A capture begun and ended by another thread between a lent view's check and cudarc's
-//!   enqueue.** A lent view gives its address only while the scope's stream is not capturing, and
-//!   the scope checks again at its end. A capture that another thread begins on the scope's stream
-//!   after the check, and ends before the scope ends, records the address into a graph that the
-//!   scope never sees. Do not capture the scope's stream from another thread while the scope runs.
+//! - **A capture that another thread begins and ends within one cudarc call.** Any thread can
+//!   capture a cudarc stream (`begin_capture` is safe in cudarc, and a `CudaStream` is shared by
+//!   `Arc`), so no lock of this crate can keep a capture from beginning between a lent view's check
+//!   and cudarc's enqueue. A capture that is still under way at the operation's end takes the probe
+//!   too and is found as above; one that another thread begins after the check and ends before the
+//!   guard records the probe (a window of one driver call) records the lent address into a graph
+//!   that the scope never sees. Do not capture a stream lent to a scope from another thread while
+//!   the scope runs; streams of this crate ([`Stream`](crate::Stream)) cannot be captured while a
+//!   scope holds them (`Graph::capture` takes them by `&mut`).
+//! - **A capture of a cudarc stream that the scope's stream joined and that this thread began.**
+//!   The scope's wait cannot end it (only its origin stream can, and the driver does not say which
+//!   stream that is), so the wait polls for it; it is ended by no one while this thread waits, and
+//!   the process aborts after 10 seconds (see
+//!   [When a wait fails](crate::scope#when-a-wait-fails)). End every
+//!   capture begun inside the closure before the closure returns.
 //! - **Result codes newer than cudarc's table.** cudarc reads every `CUresult` into a Rust enum.
 //!   The interop builds cudarc with the CUDA 13.4 API, whose enum holds every code of this crate's
 //!   table (13.0's lacks 917 and 918, which 13.x drivers return). A later driver that returns a code

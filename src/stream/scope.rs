@@ -83,6 +83,9 @@ use super::queue::{self, Queue};
 /// - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
 ///   where this thread may end it, and is then waited for. No graph keeps an address lent to the
 ///   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;
+/// - so is a capture of this thread's per-thread default stream that stands in the wait's way (it
+///   makes a wait of the legacy default stream an implicit dependency, refuses a wait of the
+///   context, and is the capture a stream may have joined): only this thread can have begun it;
 /// - a capture this thread may not end is waited out, for up to 10 seconds. That is one the stream
 ///   joined from another stream, or one another thread began in a mode other than `RELAXED`;
 /// - any other failure is settled by `cuCtxSynchronize`. Success proves that the work finished. The
