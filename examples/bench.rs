@@ -270,6 +270,18 @@ fn run() -> BenchResult<()> {
         shareable_rows(ctx, g, &mut rows, &mut not_run)?;
         return report(&device.name()?, devices.len(), &rows, &not_run);
     }
+    // The rows of the paths that other code can queue work beside (`bench seams`): the scope
+    // around a small copy, the graph replays, cudarc's scope and NCCL's.
+    if std::env::args().nth(1).as_deref() == Some("seams") {
+        let mut not_run = Vec::new();
+        stream_rows(ctx, 256usize << 20, &mut rows)?;
+        graph_rows(ctx, &mut rows)?;
+        #[cfg(feature = "cudarc")]
+        cudarc_rows(ctx, &mut rows, &mut not_run)?;
+        #[cfg(feature = "nccl")]
+        nccl_rows(ctx, &mut rows, &mut not_run)?;
+        return report(&device.name()?, devices.len(), &rows, &not_run);
+    }
     #[cfg(feature = "nccl")]
     if std::env::args().nth(1).as_deref() == Some("nccl") {
         let mut not_run = Vec::new();
