@@ -590,7 +590,7 @@ impl<'scope, T: Pod> ScopedWrite<'scope, T> for &'scope mut DeviceSliceMut<'_, T
 /// cuda_vmm::scope(|s| {
 ///     let up = s.on(&stream);
 ///     let mut ring = [up.rewritable(&mut a)?, up.rewritable(&mut b)?];
-///     for (i, (batch, out)) in batches.iter().zip(sums.chunks_mut(1024)).enumerate() {
+///     for (i, (batch, out)) in batches.iter().zip(sums.chunks_mut(1024)?).enumerate() {
 ///         let written = up.copy_from_host(&mut ring[i % 2], batch)?; // after the slot's last write
 ///         up.copy_to_host(out, written)?;
 ///     }
@@ -696,7 +696,7 @@ impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
 }
 
 /// Host memory lent to a queued download as its destination, exclusively, for the rest of a scope:
-/// a `&'scope mut [T]` (pageable memory: a `Vec`'s, say), a `&'scope mut` [`PinnedBuffer<T>`], or a
+/// a `&'scope mut [T]` or `&'scope mut Vec<T>` (pageable memory), a `&'scope mut` [`PinnedBuffer<T>`], or a
 /// [`PinnedSliceMut<'scope, T>`] of one (by value or `&'scope mut`). Sealed.
 pub trait HostTarget<'scope, T>: sealed::HostMut {
     /// The address and length, writable for `'scope` and used by nothing else. Code outside the
@@ -707,6 +707,12 @@ pub trait HostTarget<'scope, T>: sealed::HostMut {
 
 impl<T: Pod> sealed::HostMut for &mut [T] {}
 impl<'scope, T: Pod> HostTarget<'scope, T> for &'scope mut [T] {
+    fn host_parts_mut(self) -> (*mut T, usize) {
+        (self.as_mut_ptr(), self.len())
+    }
+}
+impl<T: Pod> sealed::HostMut for &mut Vec<T> {}
+impl<'scope, T: Pod> HostTarget<'scope, T> for &'scope mut Vec<T> {
     fn host_parts_mut(self) -> (*mut T, usize) {
         (self.as_mut_ptr(), self.len())
     }
