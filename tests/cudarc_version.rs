@@ -3,9 +3,9 @@
 //! both versions named, where the driver is newer (cudarc reads every `CUresult` into an enum of its
 //! version's codes; see "What it does not cover" in `interop::cudarc`).
 //!
-//! On a driver no newer than the version cudarc is built for, the GPU test sees the admitting side;
-//! it sees the refusal on a newer driver, and the comparison's unit test in
-//! `src/interop/cudarc.rs` covers both.
+//! This suite builds cudarc for CUDA 13.4 (the dev-dependency's feature, checked here without a
+//! GPU), so on a driver up to 13.4 the GPU test sees the admitting side; it sees the refusal on a
+//! newer driver, and the comparison's unit test in `src/interop/cudarc.rs` covers both.
 
 #![cfg(feature = "cudarc")]
 
@@ -17,6 +17,14 @@ use common::devices_or_skip;
 use cuda_vmm::Error;
 use cuda_vmm::interop::cudarc::scope;
 use cudarc::driver::CudaContext;
+
+/// The version the crate's own tests, examples and doctests build cudarc for is the one
+/// `Cargo.toml` names for them, whatever `nvcc` the machine has: the newest cudarc 0.19 knows,
+/// whose enum holds every code of this crate's table.
+#[test]
+fn the_suite_builds_cudarc_for_cuda_13_4() {
+    assert_eq!(cudarc::driver::sys::CUDA_VERSION, 13040);
+}
 
 #[test]
 fn scope_admits_a_driver_no_newer_than_cudarc_and_refuses_a_newer_one() {

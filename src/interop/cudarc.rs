@@ -91,10 +91,25 @@
 //!   scope never sees. Do not capture the scope's stream from another thread while the scope runs.
 //! - **Result codes newer than cudarc's enum.** cudarc reads every `CUresult` into a Rust enum of
 //!   the codes of the CUDA version it was built for, and a code outside it is undefined behaviour
-//!   inside cudarc. The interop builds cudarc with the CUDA 13.4 API, whose enum holds every code of
-//!   this crate's table; [`scope`] refuses, before its closure runs, a driver whose API is newer
-//!   than the version cudarc was built for ([`Error::CudarcOlderThanDriver`]), since it may return
-//!   a code the enum lacks. This crate's own driver calls never go through cudarc.
+//!   inside cudarc, which this crate cannot fix. The `cudarc` feature picks no version (cudarc
+//!   allows one per build, and cargo merges every crate's choice): the application's cudarc
+//!   dependency does, or else `nvcc`, or else the newest cudarc knows. So [`scope`] compares,
+//!   before its closure runs (once per process), the driver's API version (`cuDriverGetVersion`)
+//!   with the one cudarc was built for ([`CUDA_VERSION`](::cudarc::driver::sys::CUDA_VERSION)),
+//!   and refuses a newer driver with [`Error::CudarcOlderThanDriver`]: most CUDA releases add codes
+//!   (13.0 added 36, 13.1 917, 13.3 918, 13.4 47, 227 and 919) and none has removed one, so a
+//!   driver no newer than the enum returns only codes it holds. This crate's own tests build cudarc
+//!   for 13.4, the newest cudarc 0.19 knows (from 0.19.10), which admits every driver up to 13.4.
+//!   What remains: cudarc's own calls outside the scopes (making its contexts and streams, NVRTC,
+//!   cuBLAS) are not checked, so on a newer driver the application's first cudarc call, before
+//!   any scope, may already be undefined behaviour; and a driver that returned a code its own
+//!   version does not declare would escape the comparison. This crate's own driver calls never go
+//!   through cudarc.
+//!
+//!   Checked with cudarc 0.19.4 (the oldest release it builds with) and 0.19.10 (its tests run
+//!   with 0.19.10 built for CUDA 13.4, on a 13.0 driver); `tests/compat/` builds the feature, and
+//!   `nccl`, beside cudarc 0.19.10 built for CUDA 12.8, 13.0 and 13.4, beside candle's and cubecl's
+//!   cudarc lines, and beside 0.19.4, with no CUDA toolkit installed.
 //!
 //! # Contexts and streams
 //! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
