@@ -275,6 +275,20 @@ pub enum Error {
         /// Why, in words.
         why: &'static str,
     },
+    /// cudarc (feature `cudarc`) was built for an older CUDA version than the driver's API, so a
+    /// scope of `interop::cudarc` is refused before its closure runs. cudarc reads every `CUresult`
+    /// into a Rust enum of the codes of the version it was built for, and most CUDA releases add
+    /// codes: a driver newer than that enum may return one, which is undefined behaviour inside
+    /// cudarc, where nothing can catch it. Building cudarc for the driver's version or a newer one
+    /// (one `cuda-NNNNN` feature in the application's cudarc dependency) lifts the refusal.
+    CudarcOlderThanDriver {
+        /// The version cudarc was built for (`cudarc::driver::sys::CUDA_VERSION`), as
+        /// `1000 * major + 10 * minor`.
+        cudarc: u32,
+        /// The driver's API version ([`driver_version`](crate::device::driver_version)), as
+        /// `1000 * major + 10 * minor`.
+        driver: i32,
+    },
     /// A stream capturing a graph: a stream of this crate's, asked to queue work that borrows memory
     /// (checked before the work is queued), or a stream a wait found capturing, whose capture the
     /// wait then ended and whose graph it destroyed, so that no graph holds an address lent to the
@@ -483,6 +497,20 @@ impl fmt::Display for Error {
             Error::StreamRefused { why } => {
                 write!(f, "the stream cannot take this crate's memory: {why}")
             }
+            Error::CudarcOlderThanDriver { cudarc, driver } => write!(
+                f,
+                "cudarc was built for CUDA {}.{} ({cudarc}), older than the driver's CUDA {}.{} \
+                 ({driver}), which can return result codes that cudarc's enum lacks (undefined \
+                 behaviour inside cudarc): build cudarc for CUDA {}.{} or newer (its `cuda-{:05}` \
+                 feature or a later one)",
+                cudarc / 1000,
+                cudarc % 1000 / 10,
+                driver / 1000,
+                driver % 1000 / 10,
+                driver / 1000,
+                driver % 1000 / 10,
+                driver,
+            ),
             Error::StreamCapturing { what } => write!(f, "a stream is capturing a graph: {what}"),
             Error::Nccl { call, code } => {
                 write!(f, "{call} failed: {code} {}", nccl_code_name(code))
@@ -546,6 +574,22 @@ mod tests {
                 .to_string()
                 .starts_with("NCCL cannot serve ncclCommWindowRegister: ")
         );
+    }
+
+    #[test]
+    fn a_cudarc_older_than_the_driver_names_both_versions_and_the_feature() {
+        let e = Error::CudarcOlderThanDriver {
+            cudarc: 12080,
+            driver: 13000,
+        };
+        assert_eq!(
+            e.to_string(),
+            "cudarc was built for CUDA 12.8 (12080), older than the driver's CUDA 13.0 (13000), \
+             which can return result codes that cudarc's enum lacks (undefined behaviour inside \
+             cudarc): build cudarc for CUDA 13.0 or newer (its `cuda-13000` feature or a later one)"
+        );
+        assert_eq!(e.driver(), None);
+        assert!(!e.is_no_gpu());
     }
 
     #[test]

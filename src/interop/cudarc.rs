@@ -115,11 +115,27 @@
 //!   the process aborts after 10 seconds (see
 //!   [When a wait fails](crate::scope#when-a-wait-fails)). End every
 //!   capture begun inside the closure before the closure returns.
-//! - **Result codes newer than cudarc's table.** cudarc reads every `CUresult` into a Rust enum.
-//!   The interop builds cudarc with the CUDA 13.4 API, whose enum holds every code of this crate's
-//!   table (13.0's lacks 917 and 918, which 13.x drivers return). A later driver that returns a code
-//!   beyond 919 to one of cudarc's own calls would make that call undefined behaviour inside cudarc.
-//!   This crate's own driver calls never go through cudarc.
+//! - **Result codes newer than cudarc's enum.** cudarc reads every `CUresult` into a Rust enum of
+//!   the codes of the CUDA version it was built for, and a code outside it is undefined behaviour
+//!   inside cudarc, which this crate cannot fix. The `cudarc` feature picks no version (cudarc
+//!   allows one per build, and cargo merges every crate's choice): the application's cudarc
+//!   dependency does, or else `nvcc`, or else the newest cudarc knows. So [`scope`] compares,
+//!   before its closure runs (once per process), the driver's API version (`cuDriverGetVersion`)
+//!   with the one cudarc was built for ([`CUDA_VERSION`](::cudarc::driver::sys::CUDA_VERSION)),
+//!   and refuses a newer driver with [`Error::CudarcOlderThanDriver`]: most CUDA releases add codes
+//!   (13.0 added 36, 13.1 917, 13.3 918, 13.4 47, 227 and 919) and none has removed one, so a
+//!   driver no newer than the enum returns only codes it holds. This crate's own tests build cudarc
+//!   for 13.4, the newest cudarc 0.19 knows (from 0.19.10), which admits every driver up to 13.4.
+//!   What remains: cudarc's own calls outside the scopes (making its contexts and streams, NVRTC,
+//!   cuBLAS) are not checked, so on a newer driver the application's first cudarc call, before
+//!   any scope, may already be undefined behaviour; and a driver that returned a code its own
+//!   version does not declare would escape the comparison. This crate's own driver calls never go
+//!   through cudarc.
+//!
+//!   Checked with cudarc 0.19.4 (the oldest release it builds with) and 0.19.10 (its tests run
+//!   with 0.19.10 built for CUDA 13.4, on a 13.0 driver); `tests/compat/` builds the feature, and
+//!   `nccl`, beside cudarc 0.19.10 built for CUDA 12.8, 13.0 and 13.4, beside candle's and cubecl's
+//!   cudarc lines, and beside 0.19.4, with no CUDA toolkit installed.
 //!
 //! # Contexts and streams
 //! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
@@ -172,14 +188,16 @@ use crate::wait;
 /// # Errors
 /// Before `f` runs, [`Error::StreamRefused`] for a stream of a non-primary context, the per-thread
 /// default stream, or a stream capturing a graph, or where cudarc loaded another driver library
-/// than this crate links (checked once per process); a driver error where the device or the capture
-/// status cannot be read. After it, in this order: [`Error::StreamRefused`] where a lent view was
-/// refused to an operation (another stream, a copy between two contexts, a capture: the first such
-/// refusal, which explains whatever error cudarc returned for the operation); `f`'s error;
-/// [`Error::StreamCapturing`] where the stream was capturing when the closure returned (the scope
-/// ended the capture and destroyed its graph); the driver's error of the wait (a sticky error of
-/// earlier work, see [When a wait fails](crate::scope#when-a-wait-fails)). Whatever it returns, the
-/// work queued on the stream has finished.
+/// than this crate links (checked once per process); [`Error::CudarcOlderThanDriver`] where the
+/// driver's API is newer than the CUDA version cudarc was built for (see the
+/// [limit](self#what-it-does-not-cover)); a driver error where the device, the driver's version or
+/// the capture status cannot be read. After it, in this order: [`Error::StreamRefused`] where a
+/// lent view was refused to an operation (another stream, a copy between two contexts, a capture:
+/// the first such refusal, which explains whatever error cudarc returned for the operation); `f`'s
+/// error; [`Error::StreamCapturing`] where the stream was capturing when the closure returned (the
+/// scope ended the capture and destroyed its graph); the driver's error of the wait (a sticky error
+/// of earlier work, see [When a wait fails](crate::scope#when-a-wait-fails)). Whatever it returns,
+/// the work queued on the stream has finished.
 ///
 /// # Panics
 /// Resumes a panic of `f`, after waiting for the stream.
@@ -319,6 +337,7 @@ impl<'env> Scope<'_, 'env> {
                 why: "it is the per-thread default stream, another stream on every thread",
             });
         }
+        driver_within_cudarc()?;
         let device = Device::get(context.ordinal())?;
         same_driver(device, context.cu_ctx().addr())?;
         let state = State {
@@ -701,6 +720,37 @@ fn same_driver(device: Device, cudarc_context: usize) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether the driver's API version is no newer than the CUDA version cudarc was built for: 0 not
+/// known yet, 1 checked.
+static DRIVER_WITHIN_CUDARC: AtomicU8 = AtomicU8::new(0);
+
+/// `cuDriverGetVersion` against the CUDA version cudarc was built for
+/// ([`CUDA_VERSION`](::cudarc::driver::sys::CUDA_VERSION)): [`Error::CudarcOlderThanDriver`] where
+/// the driver is newer. cudarc reads the `CUresult` of each of its calls into a Rust enum of that
+/// version's codes, and most CUDA releases add codes (13.0 added 36, 13.1 917, 13.3 918, 13.4 47,
+/// 227 and 919); none has removed one, so a driver no newer than the enum returns only codes it
+/// holds, and a newer one may return a code it lacks: undefined behaviour inside cudarc. Checked
+/// once per process, before any handle of cudarc's reaches this crate's driver calls.
+fn driver_within_cudarc() -> Result<(), Error> {
+    if DRIVER_WITHIN_CUDARC.load(Ordering::Acquire) == 1 {
+        return Ok(());
+    }
+    cudarc_covers(
+        ::cudarc::driver::sys::CUDA_VERSION,
+        crate::device::driver_version()?,
+    )?;
+    DRIVER_WITHIN_CUDARC.store(1, Ordering::Release);
+    Ok(())
+}
+
+/// The comparison of [`driver_within_cudarc`], both versions as `1000 * major + 10 * minor`.
+fn cudarc_covers(cudarc: u32, driver: i32) -> Result<(), Error> {
+    if i64::from(driver) > i64::from(cudarc) {
+        return Err(Error::CudarcOlderThanDriver { cudarc, driver });
+    }
+    Ok(())
+}
+
 /// Ranges of address space that are reserved and never mapped, and never freed (a `static`'s value
 /// is never dropped): a refused lent view answers with an address in one, so that work queued where
 /// the scope does not wait for it touches no memory at all.
@@ -889,5 +939,29 @@ unsafe impl<'a, 'b: 'a, T: Pod> PushKernelArg<&'b mut LentMut<'_, T>> for Launch
     fn arg(&mut self, arg: &'b mut LentMut<'_, T>) -> &mut Self {
         let ptr: &'b u64 = &arg.ptr;
         <Self as PushKernelArg<&'b u64>>::arg(self, ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_newer_than_cudarc_is_refused_and_no_other() {
+        assert_eq!(
+            cudarc_covers(13040, 13000),
+            Ok(()),
+            "the crate's own build on a 13.0 driver"
+        );
+        assert_eq!(cudarc_covers(13040, 13040), Ok(()));
+        assert_eq!(cudarc_covers(12080, 11040), Ok(()));
+        for (cudarc, driver) in [(12080, 13000), (13000, 13010), (13040, 13050), (0, 1)] {
+            assert_eq!(
+                cudarc_covers(cudarc, driver),
+                Err(Error::CudarcOlderThanDriver { cudarc, driver })
+            );
+        }
+        assert_eq!(cudarc_covers(u32::MAX, i32::MAX), Ok(()));
+        assert_eq!(cudarc_covers(0, i32::MIN), Ok(()));
     }
 }
