@@ -278,7 +278,7 @@ fn one_dma_buf_over_five_pages_is_measured() {
         );
         Err(code)
     };
-    match (raw, buffer.export_dma_buf(.., DmaBufLayout::PerRun)) {
+    match (raw, buffer.export_dma_buf(..len, DmaBufLayout::PerRun)) {
         (Ok(Some(size)), Ok(export)) => {
             assert_eq!(
                 size, len as u64,

@@ -898,7 +898,7 @@ fn registration_under_capture_is_refused() -> TestResult {
         "{test}: that capture went on: {captured:?}"
     );
 
-    comm.register(&mut buffer, ..)?.deregister()?;
+    comm.register(&mut buffer, ..page)?.deregister()?;
     Ok(())
 }
 
