@@ -870,7 +870,7 @@ fn registration_under_capture_is_refused() -> TestResult {
     let stream = Arc::clone(comm.stream());
     stream.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     refused(
-        comm.register(&mut buffer, ..),
+        comm.register(&mut buffer, ..page),
         "the communicator's stream capturing",
     );
     let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
@@ -879,7 +879,7 @@ fn registration_under_capture_is_refused() -> TestResult {
     let per_thread = stream.context().per_thread_stream();
     per_thread.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     refused(
-        comm.register(&mut buffer, ..),
+        comm.register(&mut buffer, ..page),
         "the per-thread stream capturing",
     );
     per_thread.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
@@ -888,7 +888,7 @@ fn registration_under_capture_is_refused() -> TestResult {
     let mut capturing = cuda_vmm::Stream::new(&context)?;
     let captured = cuda_vmm::stream::Graph::capture(&mut capturing, |_| {
         refused(
-            comm.register(&mut buffer, ..),
+            comm.register(&mut buffer, ..page),
             "a Graph::capture of this thread",
         );
         Ok(())

@@ -331,26 +331,6 @@ impl Core {
         Ok(())
     }
 
-    /// `Ok` where no capture that this thread can see is under way: the communicator's stream's,
-    /// this thread's per-thread default stream's, or a [`Graph::capture`](crate::stream::Graph)
-    /// of this thread. A registration is refused during one (`Error::StreamCapturing`, before NCCL
-    /// is called): NCCL's registration makes driver calls that a capture of this thread refuses,
-    /// and the refusal invalidates the capture (vLLM #54626: "unhandled cuda error"). Binds the
-    /// communicator's context first.
-    fn not_capturing(&self, stream: sys::CUstream) -> Result<(), Error> {
-        const WHAT: &str = "NCCL registers memory only while no capture of this thread, of its \
-                            per-thread default stream or of the communicator's stream is under \
-                            way: NCCL's driver calls would be refused, invalidating the capture";
-        self.bind()?;
-        if crate::wait::capturing_here()
-            || crate::wait::is_capturing(stream)?
-            || crate::wait::is_capturing(sys::CU_STREAM_PER_THREAD as sys::CUstream)?
-        {
-            return Err(Error::StreamCapturing { what: WHAT });
-        }
-        Ok(())
-    }
-
     /// Before every NCCL call on the communicator: the refusal once it was aborted (its handle
     /// is freed) or while it is suspended, else [`bind`](Core::bind).
     fn live(&self, call: &'static str) -> Result<(), Error> {
@@ -765,6 +745,25 @@ impl Comm {
         self.async_error()?;
         Ok(value)
     }
+}
+
+/// `Ok` where no capture that this thread can see is under way: the communicator's stream's,
+/// this thread's per-thread default stream's, or a [`Graph::capture`](crate::stream::Graph)
+/// of this thread. A registration is refused during one (`Error::StreamCapturing`, before NCCL
+/// is called): NCCL's registration makes driver calls that a capture of this thread refuses,
+/// and the refusal invalidates the capture (vLLM #54626: "unhandled cuda error"). The
+/// caller has made the communicator's context current ([`Core::live`]).
+fn not_capturing(stream: sys::CUstream) -> Result<(), Error> {
+    const WHAT: &str = "NCCL registers memory only while no capture of this thread, of its \
+                        per-thread default stream or of the communicator's stream is under \
+                        way: NCCL's driver calls would be refused, invalidating the capture";
+    if crate::wait::capturing_here()
+        || crate::wait::is_capturing(stream)?
+        || crate::wait::is_capturing(sys::CU_STREAM_PER_THREAD as sys::CUstream)?
+    {
+        return Err(Error::StreamCapturing { what: WHAT });
+    }
+    Ok(())
 }
 
 /// Between two polls of a host-side wait (a scope's end, a non-blocking operation's settling), with

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use bytemuck::Pod;
 
 use super::api::{self, RawWindow, WIN_COLL_SYMMETRIC};
-use super::{Comm, Core, in_group, no_foreign_group};
+use super::{Comm, Core, in_group, no_foreign_group, not_capturing};
 use crate::device::Device;
 use crate::error::Error;
 use crate::owned::{GrantedMapping, VirtualBuffer};
@@ -118,7 +118,7 @@ impl Comm {
         // Checked now, so that a registration is never made that could not be undone.
         api::function(api.comm_deregister, "ncclCommDeregister")?;
         self.core.live("ncclCommRegister")?;
-        self.core.not_capturing(self.stream.cu_stream().cast())?;
+        not_capturing(self.stream.cu_stream().cast())?;
         let mut handle: *mut c_void = ptr::null_mut();
         // SAFETY: the bytes `[ptr, ptr + end - start)` are mapped and granted to the communicator's
         // device (checked), and stay so while the registration lives: it borrows the buffer
@@ -480,7 +480,7 @@ impl Comm {
         let register = api::function(api.window_register, CALL)?;
         api::function(api.window_deregister, "ncclCommWindowDeregister")?;
         self.core.live(CALL)?;
-        self.core.not_capturing(self.stream.cu_stream().cast())?;
+        not_capturing(self.stream.cu_stream().cast())?;
         // Collective: NCCL defers it inside a group, also one begun outside this crate.
         no_foreign_group(CALL)?;
         // On the heap: a non-blocking communicator writes the window from NCCL's thread, once the
