@@ -3,7 +3,7 @@
 use core::ffi::c_void;
 use core::fmt;
 use core::marker::PhantomData;
-use core::ops::{Deref, Range, RangeBounds};
+use core::ops::{Deref, RangeBounds};
 use core::ptr::{self, NonNull};
 
 use bytemuck::Pod;
@@ -11,6 +11,7 @@ use bytemuck::Pod;
 use crate::device::{Context, Device};
 use crate::error::{DriverError, Error, Result, check};
 use crate::sys;
+use crate::view::range_bounds;
 
 #[cfg(doc)]
 use super::scope::scope;
@@ -319,9 +320,10 @@ impl<'a, T: Pod> PinnedSliceMut<'a, T> {
     /// The values of `range` of this window.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range outside the window.
+    /// [`Error::OutOfBounds`] for a range outside the window ([`Error::Overflow`] for a bound
+    /// past `usize::MAX`).
     pub fn into_slice(self, range: impl RangeBounds<usize>) -> Result<PinnedSliceMut<'a, T>> {
-        let Range { start, end } = bounds(range, self.len)?;
+        let (start, end) = range_bounds(range, self.len, "pinned values")?;
         Ok(PinnedSliceMut {
             // SAFETY: `start <= len` (checked), so the pointer stays inside the window or one past
             // its end.
@@ -450,30 +452,6 @@ impl<'a, T: Pod> Iterator for PinnedChunks<'a, T> {
 
 impl<T: Pod> ExactSizeIterator for PinnedChunks<'_, T> {}
 
-/// `range` of `len` values, checked.
-fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<Range<usize>> {
-    use core::ops::Bound;
-    let start = match range.start_bound() {
-        Bound::Included(&s) => Some(s),
-        Bound::Excluded(&s) => s.checked_add(1),
-        Bound::Unbounded => Some(0),
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1),
-        Bound::Excluded(&e) => Some(e),
-        Bound::Unbounded => Some(len),
-    };
-    match (start, end) {
-        (Some(start), Some(end)) if start <= end && end <= len => Ok(start..end),
-        (start, end) => Err(Error::OutOfBounds {
-            what: "pinned values",
-            start: start.unwrap_or(usize::MAX),
-            end: end.unwrap_or(usize::MAX),
-            len,
-        }),
-    }
-}
-
 impl<T: Pod> Deref for PinnedBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -521,19 +499,53 @@ fn host_bytes<T>(len: usize) -> Result<usize, Error> {
 
 #[cfg(test)]
 mod tests {
-    use core::ops::Bound;
+    use core::marker::PhantomData;
+    use core::ptr::NonNull;
 
-    use super::{bounds, host_bytes};
+    use super::{PinnedSliceMut, host_bytes};
     use crate::Error;
 
+    /// A window over ordinary memory: the windows' arithmetic needs no page-locked memory.
+    fn window(values: &mut [u32]) -> PinnedSliceMut<'_, u32> {
+        PinnedSliceMut {
+            ptr: NonNull::from(&mut values[0]),
+            len: values.len(),
+            _memory: PhantomData,
+        }
+    }
+
     #[test]
-    fn pinned_ranges_are_inside_or_refused() {
-        assert_eq!(bounds(.., 8), Ok(0..8));
-        assert_eq!(bounds(2..=3, 8), Ok(2..4));
-        assert_eq!(bounds(8.., 8), Ok(8..8));
-        assert!(bounds((Bound::Included(5), Bound::Excluded(4)), 8).is_err());
-        assert!(bounds(0..9, 8).is_err());
-        assert!(bounds(..=usize::MAX, 8).is_err());
+    fn windows_cut_chunk_split_and_write_only_their_own_values() {
+        let mut values: Vec<u32> = (0..10).collect();
+        let mut all = window(&mut values);
+        let lengths: Vec<usize> = all.chunks_mut(4).unwrap().map(|c| c.len()).collect();
+        assert_eq!(lengths, [4, 4, 2]);
+        assert_eq!(all.chunks_mut(4).unwrap().len(), 3);
+        assert!(matches!(all.chunks_mut(0), Err(Error::ZeroSize { .. })));
+        for (i, mut chunk) in all.chunks_mut(3).unwrap().enumerate() {
+            let base = u32::try_from(i).unwrap() * 100;
+            chunk.fill_with(|j| base + u32::try_from(j).unwrap());
+        }
+        assert_eq!(&*all, &[0, 1, 2, 100, 101, 102, 200, 201, 202, 300]);
+        let mut middle = all.slice_mut(2..5).unwrap();
+        assert_eq!(&*middle, &[2, 100, 101]);
+        assert!(matches!(
+            middle.copy_from_slice(&[7, 7]),
+            Err(Error::LengthMismatch {
+                expected: 3,
+                found: 2
+            })
+        ));
+        middle.copy_from_slice(&[7, 8, 9]).unwrap();
+        assert!(matches!(
+            all.slice_mut(4..11),
+            Err(Error::OutOfBounds { .. })
+        ));
+        let (head, mut tail) = all.split_at(9).unwrap();
+        assert_eq!((head.len(), tail.len()), (9, 1));
+        tail.fill(5);
+        assert!(window(&mut [1, 2]).split_at(3).is_err());
+        assert_eq!(values, [0, 1, 7, 8, 9, 102, 200, 201, 202, 5]);
     }
 
     #[test]
