@@ -229,6 +229,15 @@ assert_impl_all!(cuda_vmm::PinnedBuffer<u32>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::Stream: Clone, Copy);
 assert_not_impl_any!(cuda_vmm::Event: Clone, Copy);
 assert_not_impl_any!(cuda_vmm::PinnedBuffer<u32>: Clone, Copy);
+// Page-locked memory gives the host no `&mut [T]`: the buffer and its windows dereference only to
+// `[T]` (a library that takes `&mut [T]` for a copy it leaves running would write it after
+// returning). A window is an exclusive borrow: `Send` and `Sync` as `&mut [T]`, never `Copy`, two
+// words.
+assert_not_impl_any!(cuda_vmm::PinnedBuffer<u32>: core::ops::DerefMut);
+assert_impl_all!(cuda_vmm::stream::PinnedSliceMut<'static, u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::PinnedSliceMut<'static, u32>: Clone, Copy, core::ops::DerefMut);
+assert_eq_size!(cuda_vmm::stream::PinnedSliceMut<'static, u32>, &mut [u32]);
+assert_impl_all!(cuda_vmm::stream::PinnedChunks<'static, u32>: Send, Sync, ExactSizeIterator);
 assert_impl_all!(cuda_vmm::stream::Scope<'static, 'static>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Scope<'static, 'static>: Clone, Copy);
 assert_impl_all!(cuda_vmm::stream::ScopedStream<'static>: Send, Sync, Copy);

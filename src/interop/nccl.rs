@@ -50,7 +50,8 @@
 //!   A group begun elsewhere (cudarc's safe `group_start`, raw NCCL: the group state is the
 //!   thread's, in the one library) would defer a collective to its own end, after the scope's
 //!   wait. NCCL has no query for it, but a lone `ncclGroupEnd` outside any group answers
-//!   `ncclInvalidUsage` and changes nothing (measured on NCCL 2.28.3, about 60 ns): every
+//!   `ncclInvalidUsage` and changes nothing but a line in NCCL's log where `NCCL_DEBUG` is `WARN`
+//!   or more ("ncclGroupEnd: not in a group call"; measured on NCCL 2.28.3, about 60 ns): every
 //!   collective outside a [`group`], every outermost [`group`] and every window registration makes
 //!   that probe first. Inside a group begun elsewhere the probe ends one level, begins it again,
 //!   and the call is refused ([`Error::NcclRefused`]); where that level was the outermost, what
