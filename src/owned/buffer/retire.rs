@@ -29,7 +29,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// `stream` so far, without waiting: from now on they give no view and take no new page, and
     /// they are unmapped and released once that work has finished, by a later call that reclaims
     /// ([`reclaim`](VirtualBuffer::reclaim), a grow, a map, an unmap, another retire) or by the drop,
-    /// which waits. Returns how many pages were retired.
+    /// which waits. Returns how many pages were retired. The stream comes first, as in every
+    /// stream-ordered call of a buffer ([`ScopedBuffer::evict`](crate::owned::ScopedBuffer::evict),
+    /// [`ScopedBuffer::restore`](crate::owned::ScopedBuffer::restore)).
     ///
     /// Through `&mut self`, no view of the buffer lives and the work of every scope that lent one has
     /// finished, so this is for work queued on `stream` through raw addresses
@@ -54,7 +56,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// let mut buffer = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
     /// buffer.grow(device, 2 << 20)?;
     /// // ... kernels queued on `stream` through the page's raw address ...
-    /// buffer.retire_after(..2 << 20, &stream)?; // returns at once
+    /// buffer.retire_after(&stream, ..2 << 20)?; // returns at once
     /// assert_eq!(buffer.retired_bytes(), 2 << 20);
     /// stream.synchronize()?;
     /// assert_eq!(buffer.reclaim()?, 1); // the page is released now
@@ -64,8 +66,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuEventRecord")]
     pub fn retire_after(
         &mut self,
-        bytes: impl core::ops::RangeBounds<usize>,
         stream: &Stream,
+        bytes: impl core::ops::RangeBounds<usize>,
     ) -> Result<usize, Error> {
         let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
         self.retire_range(start, end, &|f| f(stream))
