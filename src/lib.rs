@@ -32,7 +32,7 @@
 //! - [`device`]: initialisation, [`Device`], [`Context`] (a device's primary context, retained),
 //!   and what a device can do beyond one process ([`Capabilities`](device::Capabilities)).
 //! - [`vmm`]: the borrowed layer: [`PhysicalAllocation`], [`VirtualReservation`] and its
-//!   [`Region`](vmm::Region)s, [`Mapping`], [`Access`] and the scoped grant.
+//!   [`Region`](vmm::Region)s, [`Mapping`], [`Access`] and the revocable grant.
 //! - [`view`]: [`DeviceSlice`], [`DeviceSliceMut`] and their synchronous copies; [`DeviceBuffer`]
 //!   (`cuMemAlloc`).
 //! - [`owned`]: the owned layer: [`VirtualBuffer`], [`SharedReservation`](owned::SharedReservation),

@@ -6,8 +6,8 @@
 //!   `cuMemAlloc` ([`DeviceBuffer`](crate::DeviceBuffer)) of one context to another context. It does
 //!   **not** open VMM mappings.
 //! - **VMM access grants** (`cuMemSetAccess`, [`Mapping::grant_all`](crate::Mapping::grant_all) and
-//!   [`Mapping::grant_scoped`](crate::Mapping::grant_scoped)) open one mapping to the devices named,
-//!   whether or not context peer access is enabled.
+//!   [`Mapping::grant_revocable`](crate::Mapping::grant_revocable)) open one mapping to the devices
+//!   named, whether or not context peer access is enabled.
 
 use core::ffi::c_int;
 use core::fmt;

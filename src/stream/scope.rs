@@ -69,11 +69,11 @@ use super::queue::{self, Queue};
 /// # When a wait fails
 /// A failed `cuStreamSynchronize` does not by itself mean that the work has stopped. Under stream
 /// capture the driver refuses a wait at once, without waiting, and the error (900–908) is not
-/// sticky: the work queued before runs on. That happens on a stream that is capturing a graph,
-/// and, in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So
-/// every wait of this crate (this scope's, cudarc's scope's, the ends of
-/// [`ScopedAccess`](crate::vmm::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
-/// wait that holds:
+/// sticky: the work queued before runs on. That happens on a stream that is capturing a graph, and,
+/// in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So every
+/// wait of this crate (this scope's, cudarc's scope's, the ends of
+/// [`RevocableAccess`](crate::vmm::RevocableAccess) and [`PeerAccess`](crate::PeerAccess), every
+/// synchronous copy, the staged copy, each `synchronize`) goes through one wait that holds:
 /// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
 ///   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,
 ///   which costs nothing where it succeeds; in `GLOBAL` mode, while another thread captures in
