@@ -14,7 +14,8 @@
 //!   buffer. It is `'static` and `Send`, and its `Drop` waits for its retires, then unmaps, releases
 //!   and frees in the driver's order.
 //! - [`ScopedBuffer`] is a `VirtualBuffer` lent to one [`scope`](crate::scope) for all of it: its
-//!   pages grow, are lent to queued work ([`BufferRead`], [`Rewritable`](crate::stream::Rewritable))
+//!   pages grow, are lent to queued work ([`DeviceInFlight`](crate::stream::DeviceInFlight),
+//!   [`Rewritable`](crate::stream::Rewritable))
 //!   and retire while the work runs, released after an event on every stream of the scope, with no
 //!   host wait. Every lend of its views is checked again, so a retired page reaches no later work.
 //! - [`OwnedMapping`] owns one physical allocation mapped into a [`SharedReservation`], and a share
@@ -41,8 +42,8 @@ mod pages;
 mod shared;
 
 pub use buffer::{
-    BufferRead, BufferStats, Evicted, EvictedInFlight, ExportableBuffer, NotRestored, PageInfo,
-    PageOptions, ScopedBuffer, VirtualBuffer,
+    BufferStats, Evicted, EvictedInFlight, ExportableBuffer, NotRestored, PageInfo, PageOptions,
+    ScopedBuffer, VirtualBuffer,
 };
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

@@ -247,7 +247,6 @@ assert_eq_size!(
 // the scoped buffer it may come from, are `Copy`.
 assert_impl_all!(cuda_vmm::stream::Rewritable<'static, u32>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Rewritable<'static, u32>: Clone, Copy);
-assert_impl_all!(cuda_vmm::owned::BufferRead<'static, u32>: Send, Sync, Copy);
 assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadWrite>: Send, Sync, Copy);
 assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadOnly>: Send, Sync, Copy);
 // The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only

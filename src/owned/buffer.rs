@@ -32,7 +32,7 @@ mod views;
 pub use evict::{Evicted, NotRestored};
 pub use evict_ordered::EvictedInFlight;
 pub use exportable::{ExportableBuffer, PageOptions};
-pub use scoped::{BufferRead, ScopedBuffer};
+pub use scoped::ScopedBuffer;
 
 /// What a range out of a buffer's bounds is out of, in errors.
 const BUDGET: &str = "virtual buffer's address budget";

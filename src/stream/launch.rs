@@ -78,8 +78,7 @@ read_arg!(
     DeviceSlice<'scope, T>,
     &'scope DeviceSlice<'_, T>,
     &'scope DeviceSliceMut<'_, T>,
-    DeviceInFlight<'scope, T>,
-    crate::owned::BufferRead<'scope, T>
+    DeviceInFlight<'scope, T>
 );
 
 /// `KernelArg` for the writable view forms: the address, and the [`DeviceInFlight`] of the write.

@@ -71,22 +71,28 @@ impl<T> HostInFlight<'_, T> {
     }
 }
 
-/// Device memory that a queued write writes ([`ScopedStream::copy_from_host`],
+/// Device memory lent to a scope's queued work for reading, and to nothing else: what a queued
+/// write writes ([`ScopedStream::copy_from_host`],
 /// [`copy_from_device`](ScopedStream::copy_from_device), [`memset`](ScopedStream::memset), and each
-/// writable argument of [`launch`](ScopedStream::launch)): usable only by later queued work, ordered
-/// after the write by the caller (on the same stream, or behind an [`Event`]), as the source of a
-/// copy ([`ScopedStream::copy_to_host`], [`ScopedStream::copy_from_device`]), a read-only kernel
-/// argument, or a view lent to cudarc for reading (`interop::cudarc::Scope::lend`, feature
-/// `cudarc`). The host reads the bytes after [`scope`] has returned, through the view it lent.
+/// writable argument of [`launch`](ScopedStream::launch)), or a range of a scoped buffer lent for
+/// reading (`ScopedBuffer::read`, of a buffer lent by
+/// [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope), whose pages can be retired while
+/// the scope lasts). Usable only by queued work (ordered after the write by the caller: on the same
+/// stream, or behind an [`Event`]), as the source of a copy ([`ScopedStream::copy_to_host`],
+/// [`ScopedStream::copy_from_device`]), a read-only kernel argument, or a view lent to cudarc for
+/// reading (`interop::cudarc::Scope::lend`, feature `cudarc`). The host reads the bytes after
+/// [`scope`] has returned, through the view it lent. A range of a scoped buffer is checked again at
+/// every lend, and refused once its pages are retired.
 ///
 /// It gives the host nothing: it has no `to_vec` or synchronous `copy_to_host` of its own, does
 /// not become a [`DeviceSlice`], and is no source of [`copy_between`](crate::copy_between) or
 /// [`DeviceSliceMut::copy_from_device`]. Those run on the legacy default stream, which does not
 /// wait for the non-blocking streams of this crate, so they would read bytes the queued work is
-/// still writing.
+/// still writing (or a page a retire has released).
 ///
 /// # Lifetimes
-/// `'scope` is the exclusive borrow of the written view, which lasts the scope.
+/// `'scope` is the scope's: the exclusive borrow of the written view, or the scoped buffer's lend,
+/// which lasts the scope.
 ///
 /// # Examples
 /// Upload, then hand the result to a kernel on the same stream and to a download on another one,
@@ -144,13 +150,19 @@ impl<T> HostInFlight<'_, T> {
 /// # }
 /// ```
 pub struct DeviceInFlight<'scope, T> {
-    /// The written memory, lent exclusively to the queued work for `'scope` and seen read-only.
-    /// Private: only this crate's queued operations get it ([`ScopedRead::lend`]).
-    pub(super) view: DeviceSlice<'scope, T>,
-    /// Where the memory can leave while the scope lasts (a range of a
-    /// [`ScopedBuffer`](crate::owned::ScopedBuffer), which can be retired): checked again at every
-    /// lend. `None` for memory borrowed for the whole scope.
-    pub(super) origin: Option<Origin<'scope>>,
+    /// The memory, lent to the queued work for `'scope` and seen read-only. Private: only this
+    /// crate's queued operations get it ([`ScopedRead::lend`]).
+    view: DeviceSlice<'scope, T>,
+    /// Where the memory can leave while the scope lasts (a range of a scoped buffer, which can be
+    /// retired): checked again at every lend. `None` for memory borrowed for the whole scope.
+    origin: Option<Origin<'scope>>,
+}
+
+impl<'scope, T> DeviceInFlight<'scope, T> {
+    /// `view`, lent to queued work only; `origin` where its memory can leave while the scope lasts.
+    pub(crate) fn new(view: DeviceSlice<'scope, T>, origin: Option<Origin<'scope>>) -> Self {
+        DeviceInFlight { view, origin }
+    }
 }
 
 impl<T> Clone for DeviceInFlight<'_, T> {
@@ -188,7 +200,8 @@ impl<T: Pod> DeviceInFlight<'_, T> {
     /// The device address of the first value: an escape hatch that owns nothing and frees nothing.
     /// The bytes behind it may still be being written by the queued work until [`scope`] has
     /// returned; reading them through the address before then, other than in work ordered after
-    /// the write, reads unspecified bytes.
+    /// the write, reads unspecified bytes. A scoped buffer's range is valid only until it is
+    /// retired and the work queued before the retire has finished.
     #[must_use]
     pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
         self.view.as_raw_ptr()
@@ -420,10 +433,7 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
 
     /// The handle an operation that wrote the view returns.
     pub(crate) fn written(&self) -> DeviceInFlight<'scope, T> {
-        DeviceInFlight {
-            view: self.view,
-            origin: self.origin,
-        }
+        DeviceInFlight::new(self.view, self.origin)
     }
 }
 
@@ -446,9 +456,8 @@ pub(crate) fn lend_mut<'scope, T>(
 
 /// A device view lent to queued work for reading, for the rest of a scope: a
 /// `DeviceSlice<'scope, T>` (made inside the closure, or copied), a `&'scope DeviceSlice<'_, T>`,
-/// a `&'scope DeviceSliceMut<'_, T>`, the [`DeviceInFlight<'scope, T>`](DeviceInFlight) of an
-/// earlier queued write, or a [`BufferRead`](crate::owned::BufferRead) of a
-/// [`ScopedBuffer`](crate::owned::ScopedBuffer). Sealed.
+/// a `&'scope DeviceSliceMut<'_, T>`, or a [`DeviceInFlight<'scope, T>`](DeviceInFlight): the
+/// result of an earlier queued write, or a scoped buffer's range lent for reading. Sealed.
 pub trait ScopedRead<'scope, T>: sealed::Read {
     /// The view, for `'scope`, as lent to work on the token's stream. Only this crate can call it:
     /// the token is a type that no code outside it can make, so a [`DeviceInFlight`] never becomes

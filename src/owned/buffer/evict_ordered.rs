@@ -196,8 +196,8 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
     /// Returns an [`EvictedInFlight`], which holds the bytes once the copies have completed.
     ///
     /// At once, the range is evicted (as by [`VirtualBuffer::evict`]): no view, no lend of a view
-    /// made before (a [`BufferRead`](super::BufferRead), [`Rewritable`](crate::stream::Rewritable)
-    /// or [`DeviceInFlight`](crate::stream::DeviceInFlight)) and no new page reaches it
+    /// made before (a [`DeviceInFlight`](crate::stream::DeviceInFlight) or
+    /// [`Rewritable`](crate::stream::Rewritable)) and no new page reaches it
     /// ([`Error::PageRange`] naming the evicted bytes), and the claims of the scope on it are
     /// forgotten. The pages are retired as by [`retire`](ScopedBuffer::retire): an event on every
     /// stream of the scope, recorded after the copies and after the work queued so far (and after
