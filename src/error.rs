@@ -60,6 +60,22 @@ pub(crate) fn first_error<E>(results: impl IntoIterator<Item = Result<(), E>>) -
     first
 }
 
+/// `error`, or [`Error::CleanupFailed`] where undoing `what` failed too (`cleanup`).
+pub(crate) fn with_cleanup(
+    error: DriverError,
+    cleanup: DriverResult<()>,
+    what: &'static str,
+) -> Error {
+    match cleanup {
+        Ok(()) => Error::Driver(error),
+        Err(cleanup) => Error::CleanupFailed {
+            error,
+            cleanup,
+            what,
+        },
+    }
+}
+
 /// The error of every fallible function of this crate: an argument refused before any driver call,
 /// or the driver's refusal ([`Error::Driver`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

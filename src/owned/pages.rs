@@ -1,6 +1,9 @@
 //! The bookkeeping of mapped byte ranges shared by the owned layer: where a new mapping goes, which
-//! ranges a view or an unmap covers. Pure integer arithmetic over sorted, disjoint ranges, so that it
-//! is property-tested without a driver (and under Miri).
+//! ranges a view or an unmap covers, which are evicted. Pure integer arithmetic over sorted,
+//! disjoint ranges, so that it is property-tested without a driver (and under Miri). A
+//! [`VirtualBuffer`](super::VirtualBuffer)'s page table (`buffer/table.rs`) and a
+//! [`SharedReservation`](super::SharedReservation)'s record of its mappings both read their ranges
+//! through [`Span`].
 
 use core::ops::Range;
 
@@ -18,6 +21,16 @@ pub(super) trait Span {
     fn retired(&self) -> bool {
         false
     }
+    /// Evicted: the range's bytes are in host memory until a restore maps it again (its page may
+    /// still be mapped, retired, until the work queued before the eviction has finished). No view,
+    /// lend or new page reaches it. An evicted range holds no page to unmap or to cut in two.
+    fn evicted(&self) -> bool {
+        false
+    }
+    /// Whether a page is mapped here: false only for an evicted range whose page was released.
+    fn mapped(&self) -> bool {
+        true
+    }
     /// The count of pages mapped before this one, when it was mapped: a view made at an earlier
     /// count never covers it.
     fn epoch(&self) -> u64 {
@@ -28,6 +41,36 @@ pub(super) trait Span {
 /// What a retired page's bytes are, in errors.
 pub(super) const RETIRED: &str =
     "are retired: released once the work queued before the retire has finished";
+
+/// What an evicted range's bytes are, in errors.
+pub(super) const EVICTED: &str =
+    "are evicted: their bytes are in host memory until VirtualBuffer::restore maps them again";
+
+/// Refuses `[start, end)` where it shares a byte with an evicted range of `spans` (sorted,
+/// disjoint), naming the first such range. An empty range shares none.
+pub(super) fn check_not_evicted<S: Span>(
+    spans: &[S],
+    start: usize,
+    end: usize,
+) -> Result<(), Error> {
+    if start >= end {
+        return Ok(());
+    }
+    let first = spans.partition_point(|s| s.end() <= start);
+    let overlapping = spans.get(first..).unwrap_or_default();
+    match overlapping
+        .iter()
+        .take_while(|s| s.start() < end)
+        .find(|s| s.evicted())
+    {
+        Some(span) => Err(Error::PageRange {
+            start: span.start(),
+            end: span.end(),
+            problem: EVICTED,
+        }),
+        None => Ok(()),
+    }
+}
 
 /// Where a new page `[offset, end)` goes in `pages` (sorted, disjoint, `offset < end`); the mapped
 /// page it would overlap is an error.
@@ -43,7 +86,9 @@ pub(super) fn insertion_point<S: Span>(
             return Err(Error::PageRange {
                 start: page.start(),
                 end: page.end(),
-                problem: if page.retired() {
+                problem: if page.evicted() {
+                    EVICTED
+                } else if page.retired() {
                     RETIRED
                 } else {
                     "are mapped already"
@@ -73,7 +118,9 @@ pub(super) fn check_covered_at<S: Span>(
     while at < end {
         let hole_end = match pages.get(index) {
             Some(page) if page.start() <= at => {
-                let problem = if page.retired() {
+                let problem = if page.evicted() {
+                    Some(EVICTED)
+                } else if page.retired() {
                     Some(RETIRED)
                 } else if page.epoch() > epoch {
                     Some("are a page mapped after the view was made, in a range retired before")
@@ -106,7 +153,8 @@ pub(super) fn check_covered_at<S: Span>(
 }
 
 /// The indices of the pages of `pages` (sorted, disjoint) that lie inside `[start, end)`; a page that
-/// straddles either end is an error.
+/// straddles either end is an error. An evicted range (which holds no page of its own) may straddle
+/// an end: the indices then include it, and the caller leaves it as it is.
 pub(super) fn pages_inside<S: Span>(
     pages: &[S],
     start: usize,
@@ -117,19 +165,18 @@ pub(super) fn pages_inside<S: Span>(
         return Ok(first..first);
     }
     let last = pages.partition_point(|p| p.start() < end).max(first);
+    let inside = pages.get(first..last).unwrap_or_default();
     let ends = [
-        pages.get(first),
-        last.checked_sub(1).and_then(|i| pages.get(i)),
+        inside.iter().find(|p| p.mapped()),
+        inside.iter().rev().find(|p| p.mapped()),
     ];
-    if first < last {
-        for page in ends.into_iter().flatten() {
-            if page.start() < start || page.end() > end {
-                return Err(Error::PageRange {
-                    start: page.start(),
-                    end: page.end(),
-                    problem: "are one page, which the range would cut in two: unmap it whole",
-                });
-            }
+    for page in ends.into_iter().flatten() {
+        if page.start() < start || page.end() > end {
+            return Err(Error::PageRange {
+                start: page.start(),
+                end: page.end(),
+                problem: "are one page, which the range would cut in two: unmap it whole",
+            });
         }
     }
     Ok(first..last)
@@ -597,5 +644,232 @@ mod tests {
             Ok(0..0),
             "an empty range cuts nothing"
         );
+    }
+}
+
+/// A buffer's page table keeps its evicted ranges in the same sorted list as its pages. Before, it
+/// kept them in a list of their own, checked first (`check_not_evicted` over that list, then the
+/// page checks over the pages alone). These tests hold the one list to the two lists' answers, for
+/// every mix of live, ungranted, retired and evicted ranges.
+#[cfg(test)]
+mod one_list {
+    use super::{
+        EVICTED, Span, check_covered_at, check_not_evicted, insertion_point, pages_inside,
+    };
+    use crate::Error;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Kind {
+        Live,
+        Ungranted,
+        Retired,
+        /// Retired by an eviction in a scope: still mapped, and evicted.
+        RetiredEvicted,
+        /// Evicted, its page released.
+        Evicted,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    struct Slot(usize, usize, Kind, u64);
+
+    impl Span for Slot {
+        fn start(&self) -> usize {
+            self.0
+        }
+        fn end(&self) -> usize {
+            self.1
+        }
+        fn granted(&self) -> bool {
+            self.2 != Kind::Ungranted
+        }
+        fn retired(&self) -> bool {
+            matches!(self.2, Kind::Retired | Kind::RetiredEvicted)
+        }
+        fn evicted(&self) -> bool {
+            matches!(self.2, Kind::RetiredEvicted | Kind::Evicted)
+        }
+        fn mapped(&self) -> bool {
+            self.2 != Kind::Evicted
+        }
+        fn epoch(&self) -> u64 {
+            self.3
+        }
+    }
+
+    /// A page as the two-list table saw it: every `Span` answer but `evicted` and `mapped`.
+    #[derive(Debug, Clone, Copy)]
+    struct Page(Slot);
+
+    impl Span for Page {
+        fn start(&self) -> usize {
+            self.0.0
+        }
+        fn end(&self) -> usize {
+            self.0.1
+        }
+        fn granted(&self) -> bool {
+            self.0.granted()
+        }
+        fn retired(&self) -> bool {
+            self.0.retired()
+        }
+        fn epoch(&self) -> u64 {
+            self.0.3
+        }
+    }
+
+    /// The two lists of the table before: its pages, and its evicted ranges.
+    fn two_lists(slots: &[Slot]) -> (Vec<Page>, Vec<(usize, usize)>) {
+        let pages = slots
+            .iter()
+            .filter(|s| s.mapped())
+            .map(|&s| Page(s))
+            .collect();
+        let evicted = slots
+            .iter()
+            .filter(|s| s.evicted())
+            .map(|s| (s.0, s.1))
+            .collect();
+        (pages, evicted)
+    }
+
+    /// The evicted-range check of the two-list table, as it was written.
+    fn old_check_not_evicted(
+        evicted: &[(usize, usize)],
+        start: usize,
+        end: usize,
+    ) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        let index = evicted.partition_point(|e| e.1 <= start);
+        match evicted.get(index) {
+            Some(&(s, e)) if s < end => Err(Error::PageRange {
+                start: s,
+                end: e,
+                problem: EVICTED,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// 2048, or `PROPTEST_CASES` where it is set.
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|cases| cases.parse().ok())
+            .unwrap_or(2048)
+    }
+
+    fn slots() -> impl Strategy<Value = Vec<Slot>> {
+        let kind = prop_oneof![
+            4 => Just(Kind::Live),
+            1 => Just(Kind::Ungranted),
+            2 => Just(Kind::Retired),
+            1 => Just(Kind::RetiredEvicted),
+            2 => Just(Kind::Evicted),
+        ];
+        proptest::collection::vec((0usize..3, 1usize..4, kind, 0u64..6), 0..10).prop_map(|parts| {
+            let mut at = 0;
+            parts
+                .into_iter()
+                .map(|(gap, len, kind, epoch)| {
+                    let start = at + gap;
+                    at = start + len;
+                    Slot(start, at, kind, epoch)
+                })
+                .collect()
+        })
+    }
+
+    /// The evicted range a check meets is named, whatever else is mapped around it (it was
+    /// `evicted_ranges_are_refused_by_name` over the old list of evicted ranges).
+    #[test]
+    fn evicted_ranges_are_refused_by_name() {
+        let slots = [
+            Slot(0, 4, Kind::Live, 1),
+            Slot(4, 8, Kind::Evicted, 2),
+            Slot(8, 12, Kind::Live, 3),
+            Slot(12, 16, Kind::RetiredEvicted, 4),
+        ];
+        let evicted = |start, end| {
+            Err(Error::PageRange {
+                start,
+                end,
+                problem: EVICTED,
+            })
+        };
+        assert_eq!(check_not_evicted(&slots, 0, 4), Ok(()));
+        assert_eq!(check_not_evicted(&slots, 8, 12), Ok(()));
+        assert_eq!(check_not_evicted(&slots, 6, 7), evicted(4, 8));
+        assert_eq!(check_not_evicted(&slots, 9, 20), evicted(12, 16));
+        assert_eq!(
+            check_not_evicted(&slots, 2, 20),
+            evicted(4, 8),
+            "the first one"
+        );
+        assert_eq!(check_not_evicted(&slots, 5, 5), Ok(()), "an empty range");
+        assert_eq!(check_not_evicted::<Slot>(&[], 0, 100), Ok(()));
+    }
+
+    proptest! {
+        // Pure arithmetic, fast: enough cases that every kind meets every end of a range, unless
+        // PROPTEST_CASES asks for fewer (under Miri).
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        /// A view's or a lend's check gives the two lists' answer: the evicted range first, then
+        /// the first hole, retired, later or ungranted page.
+        #[test]
+        fn a_view_is_refused_as_before(slots in slots(), start in 0usize..40, len in 0usize..12, epoch in 0u64..7) {
+            let (pages, evicted) = two_lists(&slots);
+            let end = start + len;
+            let one = check_not_evicted(&slots, start, end)
+                .and_then(|()| check_covered_at(&slots, start, end, epoch));
+            let two = old_check_not_evicted(&evicted, start, end)
+                .and_then(|()| check_covered_at(&pages, start, end, epoch));
+            prop_assert_eq!(one, two);
+        }
+
+        /// A new page is refused as before (an evicted range first, then the page it overlaps), and
+        /// goes where it went: after the same pages.
+        #[test]
+        fn a_new_page_goes_where_it_went(slots in slots(), offset in 0usize..40, len in 1usize..6) {
+            let (pages, evicted) = two_lists(&slots);
+            let end = offset + len;
+            let one = check_not_evicted(&slots, offset, end)
+                .and_then(|()| insertion_point(&slots, offset, end));
+            let two = old_check_not_evicted(&evicted, offset, end)
+                .and_then(|()| insertion_point(&pages, offset, end));
+            match (one, two) {
+                (Ok(index), Ok(page_index)) => {
+                    let before = slots[..index].iter().filter(|s| s.mapped()).count();
+                    prop_assert_eq!(before, page_index);
+                    prop_assert!(slots[..index].iter().all(|s| s.1 <= offset));
+                    prop_assert!(slots[index..].iter().all(|s| s.0 >= end));
+                }
+                (one, two) => prop_assert_eq!(one, two),
+            }
+        }
+
+        /// An unmap, a retire or an eviction takes the same pages as before, and refuses the same
+        /// cut page; the evicted ranges it spans, which hold no page, are only passed over.
+        #[test]
+        fn a_range_takes_the_same_pages(slots in slots(), start in 0usize..40, len in 0usize..20) {
+            let (pages, _) = two_lists(&slots);
+            let end = start + len;
+            match (pages_inside(&slots, start, end), pages_inside(&pages, start, end)) {
+                (Ok(one), Ok(two)) => {
+                    let taken: Vec<(usize, usize)> = slots[one]
+                        .iter()
+                        .filter(|s| s.mapped())
+                        .map(|s| (s.0, s.1))
+                        .collect();
+                    let before: Vec<(usize, usize)> = pages[two].iter().map(|p| (p.0.0, p.0.1)).collect();
+                    prop_assert_eq!(taken, before);
+                }
+                (one, two) => prop_assert_eq!(one.map(drop), two.map(drop)),
+            }
+        }
     }
 }

@@ -7,13 +7,14 @@ use core::fmt;
 use core::ops::{Deref, DerefMut};
 use std::os::fd::AsFd;
 
-use super::{BUDGET, Memory, Page, VirtualBuffer};
+use super::page::Memory;
+use super::{BUDGET, VirtualBuffer};
 use crate::device::Device;
 use crate::error::Error;
 use crate::ipc::{BufferInfo, BufferPiece, ExportedBuffer, check_importable, export_fd, import_fd};
-use crate::owned::pages::{Span, check_new_range, insertion_point};
+use crate::owned::pages::check_new_range;
 use crate::vmm::access::{AccessMode, ReadWrite};
-use crate::vmm::physical::{AllocationOptions, HandleKinds};
+use crate::vmm::physical::{AllocationOptions, HandleKinds, PhysicalAllocation};
 
 /// What every page of a [`VirtualBuffer`] is created with, whatever its device: the kinds of
 /// shareable handle it can be exported as (`requestedHandleTypes`) and whether it is `GPUDirect`
@@ -237,19 +238,19 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 check_new_range(range, piece.offset(), piece.size(), piece.granularity())?;
             }
             for ((piece, fd), device) in exported.pieces().zip(pieces) {
-                let index = insertion_point(&table.pages, piece.offset(), piece.end())?;
+                table.check_vacant(piece.offset(), piece.end())?;
                 let memory = import_fd(
                     fd.as_fd(),
                     piece.size(),
                     piece.device_ordinal(),
                     piece.granularity(),
                 )?;
-                buffer.map_at(
-                    &mut table,
-                    index,
+                table.map(
                     piece.offset(),
                     Memory::Own(memory),
                     device,
+                    &buffer.access,
+                    M::FLAGS,
                 )?;
             }
         }
@@ -471,34 +472,36 @@ impl<M: AccessMode> ExportableBuffer<M> {
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export(&self) -> Result<ExportedBuffer, Error> {
         let table = self.0.lock();
-        let pages: Vec<&Page> = table.pages.iter().filter(|p| !p.retired).collect();
+        let pages: Vec<(usize, usize, Device, &PhysicalAllocation)> = table
+            .unretired_pages()
+            .filter_map(|p| Some((p.offset(), p.end(), p.device()?, p.allocation()?)))
+            .collect();
         let mut pieces = Vec::with_capacity(pages.len());
-        for page in &pages {
-            let memory = page.memory.allocation();
+        for &(start, end, device, memory) in &pages {
             if !memory
                 .options()
                 .handle_kinds()
                 .contains(HandleKinds::POSIX_FD)
             {
                 return Err(Error::PageRange {
-                    start: page.start(),
-                    end: page.end(),
+                    start,
+                    end,
                     problem: "are a page that is not exportable as a POSIX file descriptor \
                               (a shared page made without a POSIX-fd handle kind, or imported \
                               from another process, which is not exported again)",
                 });
             }
             pieces.push(BufferPiece::new(
-                page.offset,
+                start,
                 memory.size(),
-                page.device.ordinal(),
+                device.ordinal(),
                 memory.granularity(),
             )?);
         }
         let info = BufferInfo::new(self.0.budget, pieces)?;
         let fds = pages
             .iter()
-            .map(|page| export_fd(page.memory.allocation()))
+            .map(|&(_, _, _, memory)| export_fd(memory))
             .collect::<Result<Vec<_>, Error>>()?;
         ExportedBuffer::from_parts(fds, info)
     }

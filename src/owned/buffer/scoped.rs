@@ -6,17 +6,19 @@ use core::ops::RangeBounds;
 
 use bytemuck::Pod;
 
-use super::evict::check_not_evicted;
-use super::retire::EachStream;
+use super::retiring::EachStream;
 use super::{BUDGET, BufferStats, PageInfo, VirtualBuffer};
 use crate::device::{Context, Device};
 use crate::error::Error;
-use crate::owned::pages::check_covered;
 use crate::owned::shared::SharedPage;
 use crate::stream::lend::{Origin, Registry, Rewritable};
 use crate::stream::{DeviceInFlight, Scope, Stream};
 use crate::view::{DeviceSlice, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite, elements};
+
+mod evict;
+
+pub use evict::EvictedInFlight;
 
 /// A [`VirtualBuffer`] lent to one [`scope`](crate::scope) for all of it, so that its pages change
 /// while the scope's work runs: it grows, lends views of its pages to queued work, and retires pages
@@ -104,7 +106,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         &'scope mut self,
         scope: &'scope Scope<'scope, '_>,
     ) -> ScopedBuffer<'scope, M> {
-        self.table_mut().claims.clear();
+        self.table_mut().clear_claims();
         ScopedBuffer {
             buffer: self,
             streams: scope.registry(),
@@ -246,17 +248,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
         let len = elements::<T>(end - start)?;
         elements::<T>(start)?;
-        let epoch = {
-            let mut table = buffer.lock();
-            check_not_evicted(&table.evicted, start, end)?;
-            check_covered(&table.pages, start, end)?;
-            if write {
-                table.claims.write(start, end)?;
-            } else {
-                table.claims.read(start, end)?;
-            }
-            table.epoch
-        };
+        let epoch = buffer.lock().claim(start, end, write)?;
         // Every byte is on a page mapped and granted to every device of the access set (checked),
         // `context`'s among them. It stays mapped while `'scope` lasts unless a retire of this
         // handle takes it, and every lend of the view is admitted again by the table first, which
@@ -306,8 +298,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     /// As [`VirtualBuffer::reclaim`].
     #[doc(alias = "cuEventQuery")]
     pub fn reclaim(&self) -> Result<usize, Error> {
-        let mut table = self.buffer.lock();
-        self.buffer.reclaim_pages(&mut table)
+        self.buffer.lock().reclaim()
     }
 }
 

@@ -5,11 +5,9 @@ use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
-use super::evict::check_not_evicted;
 use super::{BUDGET, VirtualBuffer};
 use crate::device::{Context, Device};
 use crate::error::Error;
-use crate::owned::pages::check_covered;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite, elements};
 
@@ -20,10 +18,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;
-        let table = self.lock();
-        check_not_evicted(&table.evicted, start, end)?;
-        check_covered(&table.pages, start, end)?;
-        drop(table);
+        self.lock().usable(start, end)?;
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
@@ -38,9 +33,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         end: usize,
         device: Device,
     ) -> Result<u64, Error> {
-        let table = self.table_mut();
-        check_not_evicted(&table.evicted, start, end)?;
-        check_covered(&table.pages, start, end)?;
+        self.table_mut().usable(start, end)?;
         if self.context_of(device).is_err() {
             return Err(Error::NoPeerAccess {
                 device: device.as_raw(),
@@ -76,9 +69,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 problem: "are in a VirtualBuffer whose access set does not name the graph's device",
             });
         }
-        let table = self.lock();
-        check_not_evicted(&table.evicted, from, to)?;
-        check_covered(&table.pages, from, to)?;
+        self.lock().usable(from, to)?;
         Ok(true)
     }
 
