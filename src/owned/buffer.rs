@@ -42,8 +42,8 @@ mod table;
 mod views;
 
 pub use evict::{Evicted, NotRestored};
-pub use exportable::{ExportableBuffer, PageOptions};
-pub use page::{BufferStats, PageInfo};
+pub use exportable::ExportableBuffer;
+pub use page::{BufferStats, PageInfo, PageOptions};
 pub use scoped::{EvictedInFlight, ScopedBuffer};
 
 /// What a range out of a buffer's bounds is out of, in errors.

@@ -1,13 +1,122 @@
-//! What a page of a [`VirtualBuffer`](super::VirtualBuffer) is: its memory ([`Memory`], owned
-//! or a share of a [`SharedPage`]) and device ([`Backing`]), where an evicted one was ([`Piece`]),
-//! how the buffer describes one to its users ([`PageInfo`]), and the counts of the driver calls
-//! made on pages ([`BufferStats`]). The page table (`table.rs`) holds them and changes their state.
+//! What a page of a [`VirtualBuffer`](super::VirtualBuffer) is: what it is made with
+//! ([`PageOptions`]), its memory ([`Memory`], owned or a share of a [`SharedPage`]) and device
+//! ([`Backing`]), where an evicted one was ([`Piece`]), how the buffer describes one to its users
+//! ([`PageInfo`]), and the counts of the driver calls made on pages ([`BufferStats`]). The page
+//! table (`table.rs`) holds them and changes their state.
 
 use crate::device::Device;
 use crate::error::DriverResult;
 use crate::owned::shared::SharedPage;
 use crate::sys;
-use crate::vmm::physical::PhysicalAllocation;
+use crate::vmm::physical::{AllocationOptions, HandleKinds, PhysicalAllocation};
+
+/// What every page of a [`VirtualBuffer`](super::VirtualBuffer) is created with, whatever its device: the kinds of
+/// shareable handle it can be exported as (`requestedHandleTypes`) and whether it is `GPUDirect`
+/// RDMA capable (`allocFlags.gpuDirectRDMACapable`). Given to
+/// [`VirtualBuffer::with_options`](super::VirtualBuffer::with_options), which checks it once against every device of the access set.
+///
+/// # Examples
+/// ```
+/// use cuda_vmm::owned::PageOptions;
+/// use cuda_vmm::vmm::HandleKinds;
+///
+/// let options = PageOptions::posix_fd().with_rdma(true);
+/// assert!(options.handle_kinds().contains(HandleKinds::POSIX_FD));
+/// assert!(options.rdma());
+/// assert_eq!(PageOptions::new(), PageOptions::default());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PageOptions {
+    handle_kinds: HandleKinds,
+    rdma: bool,
+}
+
+impl PageOptions {
+    /// Plain pages: not exportable, not RDMA-flagged (what [`VirtualBuffer::new`](super::VirtualBuffer::new) uses).
+    #[must_use]
+    pub const fn new() -> PageOptions {
+        PageOptions {
+            handle_kinds: HandleKinds::NONE,
+            rdma: false,
+        }
+    }
+
+    /// Pages exportable as POSIX file descriptors, so that [`ExportableBuffer::export`](super::ExportableBuffer::export) can share
+    /// them with another process of the machine.
+    ///
+    /// # Examples
+    /// ```
+    /// # use cuda_vmm::{owned::PageOptions, vmm::HandleKinds};
+    /// assert_eq!(PageOptions::posix_fd().handle_kinds(), HandleKinds::POSIX_FD);
+    /// ```
+    #[must_use]
+    pub const fn posix_fd() -> PageOptions {
+        PageOptions::new().with_handle_kinds(HandleKinds::POSIX_FD)
+    }
+
+    /// The same options, exportable as every kind of `kinds`; replaces the kinds asked for before.
+    ///
+    /// # Examples
+    /// ```
+    /// # use cuda_vmm::{owned::PageOptions, vmm::HandleKinds};
+    /// let options = PageOptions::new().with_handle_kinds(HandleKinds::POSIX_FD | HandleKinds::FABRIC);
+    /// assert!(options.handle_kinds().contains(HandleKinds::FABRIC));
+    /// ```
+    #[must_use]
+    pub const fn with_handle_kinds(self, kinds: HandleKinds) -> PageOptions {
+        PageOptions {
+            handle_kinds: kinds,
+            rdma: self.rdma,
+        }
+    }
+
+    /// The same options, `GPUDirect` RDMA capable or not.
+    ///
+    /// # Examples
+    /// ```
+    /// # use cuda_vmm::owned::PageOptions;
+    /// assert!(PageOptions::new().with_rdma(true).rdma());
+    /// ```
+    #[must_use]
+    pub const fn with_rdma(self, rdma: bool) -> PageOptions {
+        PageOptions {
+            handle_kinds: self.handle_kinds,
+            rdma,
+        }
+    }
+
+    /// The kinds of shareable handle every page can be exported as.
+    #[must_use]
+    pub const fn handle_kinds(&self) -> HandleKinds {
+        self.handle_kinds
+    }
+
+    /// Whether every page is asked `GPUDirect` RDMA capable.
+    #[must_use]
+    pub const fn rdma(&self) -> bool {
+        self.rdma
+    }
+
+    /// The allocation options of a page of `device`'s memory made with these options.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use cuda_vmm::{Device, owned::PageOptions, vmm::{HandleKinds, Location}};
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let options = PageOptions::posix_fd().for_device(device);
+    /// assert_eq!(options.location, Location::Device(device));
+    /// assert!(options.handle_kinds().contains(HandleKinds::POSIX_FD));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn for_device(self, device: Device) -> AllocationOptions {
+        AllocationOptions::device(device)
+            .with_handle_kinds(self.handle_kinds)
+            .with_rdma(self.rdma)
+    }
+}
 
 /// Counts of the driver calls a [`VirtualBuffer`](super::VirtualBuffer) made on its pages, since it
 /// was created.
