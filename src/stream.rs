@@ -16,21 +16,28 @@ use crate::module::Function;
 use crate::sys;
 use crate::wait;
 
+// The primitives: events and page-locked host memory (the stream itself is this file).
 mod event;
-mod graph;
-mod launch;
-pub(crate) mod lend;
 mod pinned;
-mod queue;
+// What may be lent to queued work: the sealed traits, and what a queued write hands back.
+pub(crate) mod lend;
+// The scope and its registry of streams.
 mod scope;
+// Memory a scope's work writes again and again.
+mod rewritable;
+// What is queued: the operations of a scoped stream, and the kernels' arguments.
+mod launch;
+mod queue;
+// Work captured once and replayed.
+mod graph;
 
 pub use event::Event;
+pub(crate) use graph::Covers;
 pub use graph::{Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind};
 pub use launch::{KernelArg, KernelArgs};
-pub use lend::{
-    DeviceInFlight, HostInFlight, HostSource, HostTarget, Rewritable, ScopedRead, ScopedWrite,
-};
+pub use lend::{DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite};
 pub use pinned::{PinnedBuffer, PinnedChunks, PinnedSliceMut};
+pub use rewritable::Rewritable;
 pub use scope::{Scope, ScopedStream, scope};
 
 /// A stream of one device's primary context: the work queued on it runs in order, and alongside the
@@ -115,8 +122,8 @@ impl Stream {
 
     /// The stream's identity: its context and its handle (the null handle of every context's
     /// legacy default stream names a different stream in each).
-    pub(crate) fn id(&self) -> lend::StreamId {
-        lend::StreamId::new(self.context.as_raw(), self.raw)
+    pub(crate) fn id(&self) -> StreamId {
+        StreamId::new(self.context.as_raw(), self.raw)
     }
 
     /// The raw `CUstream` (null for the legacy default stream): an escape hatch that owns nothing.
@@ -233,6 +240,25 @@ impl Stream {
         // SAFETY: the caller's guarantee for both ranges; the stream belongs to the current context.
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, self.raw) })?;
         Ok(())
+    }
+}
+
+/// A stream as the driver tells streams apart: its context and its handle. The handle alone is not
+/// enough: every context's legacy default stream is the null handle, so two devices' legacy streams
+/// would compare equal, and a view lent to one would pass for work on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StreamId {
+    context: usize,
+    handle: usize,
+}
+
+impl StreamId {
+    /// The stream `handle` (null for the legacy default stream) of `context`.
+    pub(crate) fn new(context: sys::CUcontext, handle: sys::CUstream) -> StreamId {
+        StreamId {
+            context: context.addr(),
+            handle: handle.addr(),
+        }
     }
 }
 

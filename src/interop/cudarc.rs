@@ -149,7 +149,7 @@ use bytemuck::Pod;
 
 use crate::device::{Context, Device};
 use crate::error::{DriverError, DriverResult, Error, check};
-use crate::stream::lend::StreamId;
+use crate::stream::StreamId;
 use crate::stream::lend::sealed::Token;
 use crate::stream::{ScopedRead, ScopedWrite};
 use crate::sys;

@@ -32,7 +32,7 @@ use core::ptr;
 
 use bytemuck::Pod;
 
-use crate::device::Context;
+use crate::device::{Context, Device};
 use crate::error::{DriverResult, Error, check};
 use crate::module::Function;
 use crate::sys;
@@ -49,6 +49,7 @@ use super::scope::ScopedStream;
 
 mod park;
 
+pub(crate) use park::Covers;
 pub use park::{NotRebound, ParkedGraph, Rebind};
 
 /// Work captured from typed operations and instantiated, replayed by
@@ -335,7 +336,7 @@ impl<'g> Graph<'g> {
         let mut touched = Vec::new();
         let set = args.launch_with(
             sealed::Token::new(
-                super::lend::StreamId::new(inner.context.as_raw(), ptr::null_mut()),
+                super::StreamId::new(inner.context.as_raw(), ptr::null_mut()),
                 true,
             ),
             |params, touches| {
@@ -380,7 +381,7 @@ impl<'g> Graph<'g> {
 
     /// The device the graph runs on.
     #[must_use]
-    pub fn device(&self) -> crate::Device {
+    pub fn device(&self) -> Device {
         self.inner.context.device()
     }
 
@@ -388,18 +389,6 @@ impl<'g> Graph<'g> {
     #[must_use]
     pub fn kernels(&self) -> usize {
         self.inner.kernels.len()
-    }
-
-    /// Park the graph: keep its instantiation and let go of everything it borrows, so that the
-    /// memory it uses can be evicted, unmapped or regranted meanwhile. No driver call. A
-    /// [`ParkedGraph`] cannot be launched; [`ParkedGraph::rebind`] gives a [`Graph`] again once
-    /// the memory it touches is given back, mapped and granted.
-    ///
-    /// # Examples
-    /// See [`ParkedGraph`].
-    #[must_use = "a parked graph is launched only once rebound"]
-    pub fn park(self) -> ParkedGraph {
-        ParkedGraph::new(self.inner)
     }
 
     /// `cuGraphLaunch` on `stream`, for [`ScopedStream::launch_graph`], which checks the device and

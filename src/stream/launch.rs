@@ -104,7 +104,7 @@ macro_rules! write_arg {
 write_arg!(
     DeviceSliceMut<'scope, T>,
     &'scope mut DeviceSliceMut<'_, T>,
-    &mut super::lend::Rewritable<'scope, T>
+    &mut super::rewritable::Rewritable<'scope, T>
 );
 
 /// The arguments of a kernel launched on a [`ScopedStream`]: a tuple (of up to 12) of

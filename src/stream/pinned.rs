@@ -524,7 +524,7 @@ mod tests {
     use core::ops::Bound;
 
     use super::{bounds, host_bytes};
-    use crate::Error;
+    use crate::error::Error;
 
     #[test]
     fn pinned_ranges_are_inside_or_refused() {

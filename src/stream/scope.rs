@@ -7,25 +7,19 @@ use core::ops::Deref;
 use core::ptr;
 use std::sync::{Mutex, PoisonError};
 
-use bytemuck::Pod;
-
 use crate::error::{Error, Result, first_error};
-use crate::module::Function;
 #[cfg(doc)]
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use crate::wait;
 
-use super::Stream;
+use super::lend::Registry;
+use super::{Stream, StreamId};
 #[cfg(doc)]
-use super::event::Event;
-use super::launch::KernelArgs;
-use super::lend::{
-    DeviceInFlight, HostInFlight, HostSource, HostTarget, Registry, Rewritable, ScopedRead,
-    ScopedWrite, StreamId, lend_mut, sealed,
+use super::{
+    event::Event,
+    lend::{DeviceInFlight, HostInFlight},
+    rewritable::Rewritable,
 };
-#[cfg(doc)]
-use super::pinned::PinnedBuffer;
-use super::queue::{self, Queue};
 
 /// `cuStreamSynchronize` on every stream of a scope — run stream-ordered work that borrows views,
 /// host memory and kernels for the rest of the scope, and wait for all of it before returning.
@@ -335,158 +329,6 @@ impl Deref for ScopedStream<'_> {
     type Target = Stream;
     fn deref(&self) -> &Stream {
         self.stream
-    }
-}
-
-impl<'scope> Queue<'scope> for ScopedStream<'scope> {
-    fn stream(&self) -> &Stream {
-        self.stream
-    }
-
-    fn token(&self) -> sealed::Token {
-        sealed::Token::new(self.stream.id(), false)
-    }
-
-    /// The stream's context bound, and the stream not capturing: a graph could run the work after
-    /// the scope.
-    fn admit(&self) -> Result<(), Error> {
-        self.stream.admit_work()
-    }
-}
-
-impl<'scope> ScopedStream<'scope> {
-    /// Lends `view` for writing for the rest of the scope, as a [`Rewritable`] that queued work writes
-    /// again and again, each write ordered after the one before (see [`Rewritable`]). No driver call;
-    /// the first write binds it to its stream.
-    ///
-    /// # Errors
-    /// As the view's lend: [`Error::StreamRefused`] for a view of a
-    /// [`ScopedBuffer`](crate::owned::ScopedBuffer) of another scope, [`Error::PageRange`] for one
-    /// whose pages have been retired.
-    pub fn rewritable<T: Pod>(
-        &self,
-        view: impl ScopedWrite<'scope, T>,
-    ) -> Result<Rewritable<'scope, T>, Error> {
-        let (view, origin, _) = lend_mut(view, self.token())?.into_parts();
-        Ok(Rewritable {
-            view,
-            origin,
-            stream: None,
-        })
-    }
-
-    /// `cuMemcpyHtoDAsync` — queue a copy of `src` (host memory, the same length) into `dst`.
-    ///
-    /// `dst` is a writable view lent for the rest of the scope (`&mut view`, or a view made inside
-    /// the closure); `src` is `&[T]`, `&PinnedBuffer<T>` or the [`HostInFlight`] of an earlier
-    /// download, borrowed for the rest of the scope. Only page-locked memory ([`PinnedBuffer`])
-    /// overlaps: from pageable memory the driver first copies `src` into its own staging memory
-    /// before this returns. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy
-    /// (on this stream, or behind an [`Event`]) reads it; the host reads `dst` after [`scope`] has
-    /// returned, through the view it lent.
-    ///
-    /// # Errors
-    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
-    /// device does not reach `dst`'s memory; both before any driver call. The driver's error
-    /// otherwise.
-    #[doc(alias = "cuMemcpyHtoDAsync")]
-    pub fn copy_from_host<T: Pod>(
-        &self,
-        dst: impl ScopedWrite<'scope, T>,
-        src: impl HostSource<'scope, T>,
-    ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        queue::copy_from_host(self, dst, src)
-    }
-
-    /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
-    ///
-    /// `dst` is borrowed mutably for the rest of the scope (`&mut pinned_buffer`, or a part of it), so
-    /// nothing reads or writes it until the scope has waited for the copy; `src` is a view lent for
-    /// the rest of the scope, also the [`DeviceInFlight`] of an earlier write ordered before this
-    /// copy. Only page-locked memory ([`PinnedBuffer`]) overlaps: into pageable memory the driver
-    /// returns only once the copy is done. Returns a [`HostInFlight`] of `dst`, with which a later
-    /// queued upload (ordered after this copy) reads what this one wrote.
-    ///
-    /// # Errors
-    /// As [`copy_from_host`](ScopedStream::copy_from_host), for `src`.
-    #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub fn copy_to_host<T: Pod>(
-        &self,
-        dst: impl HostTarget<'scope, T>,
-        src: impl ScopedRead<'scope, T>,
-    ) -> Result<HostInFlight<'scope, T>, Error> {
-        queue::copy_to_host(self, dst, src)
-    }
-
-    /// `cuMemcpyDtoDAsync` — queue a copy of `src` into `dst` (the same length), which may belong to
-    /// two devices: the stream's device must reach both views' memory (a VMM grant that names it, a
-    /// peer view under a guard, or its own memory), so the copy runs over the link, never through the
-    /// driver's hidden staging. `src` may be the [`DeviceInFlight`] of an earlier write, ordered
-    /// before this copy. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy (on
-    /// this stream, or behind an [`Event`]) reads it.
-    ///
-    /// # Errors
-    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
-    /// device does not reach either view's memory; both before any driver call. The driver's error
-    /// otherwise. For views that no one device reaches, use the staged
-    /// [`copy_between`](crate::copy_between) outside the scope.
-    #[doc(alias = "cuMemcpyDtoDAsync")]
-    pub fn copy_from_device<T: Pod>(
-        &self,
-        dst: impl ScopedWrite<'scope, T>,
-        src: impl ScopedRead<'scope, T>,
-    ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        queue::copy_from_device(self, dst, src)
-    }
-
-    /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
-    /// Returns a [`DeviceInFlight`] of `dst`: only work queued after the memset (on this stream, or
-    /// behind an [`Event`]) reads it.
-    ///
-    /// # Errors
-    /// [`Error::NoPeerAccess`] where the stream's device does not reach `dst`'s memory (before any
-    /// driver call); the driver's error otherwise.
-    #[doc(alias = "cuMemsetD8Async")]
-    pub fn memset<T: Pod>(
-        &self,
-        dst: impl ScopedWrite<'scope, T>,
-        byte: u8,
-    ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        queue::memset(self, dst, byte)
-    }
-
-    /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
-    /// typed arguments ([`KernelArgs`]): read-only views (`&DeviceSlice`, `DeviceSlice`,
-    /// `&DeviceSliceMut`, and the [`DeviceInFlight`] of an earlier write), writable views
-    /// (`&mut DeviceSliceMut`, `DeviceSliceMut`), each passed to the kernel as its device address
-    /// (a `u64`), and plain values ([`Pod`]), passed as they are. Views and the kernel are borrowed
-    /// for the rest of the scope, writable views exclusively. Returns, for each argument in order,
-    /// a [`DeviceInFlight`] of each writable view, which only work queued after the kernel (on this
-    /// stream, or behind an [`Event`]) reads, and `()` for the others.
-    ///
-    /// # Errors
-    /// [`Error::ZeroSize`] for an empty grid or block; [`Error::DeviceMismatch`] for a kernel loaded
-    /// on another device than the stream's; [`Error::NoPeerAccess`] for a view whose memory the
-    /// stream's device does not reach; all before any driver call. The driver's error otherwise
-    /// (a fault of the kernel itself shows at the scope's wait, as a sticky error).
-    ///
-    /// # Safety
-    /// The kernel's parameter list is not checked:
-    /// - `args` must match it in number, order and types (a view is a `u64` device address);
-    /// - the kernel must write only through the writable views, and read and write only within the
-    ///   `len()` values of the views it is given. It may use other memory only through addresses
-    ///   passed as plain values, and then the caller guarantees that memory, reachable from this
-    ///   device, until the scope ends.
-    #[doc(alias = "cuLaunchKernel")]
-    pub unsafe fn launch<A: KernelArgs<'scope>>(
-        &self,
-        function: &'scope Function<'_>,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        args: A,
-    ) -> Result<A::Output, Error> {
-        // SAFETY: the caller keeps this function's contract (`# Safety`), which is the queue's.
-        unsafe { queue::launch(self, function, grid, block, args) }
     }
 }
 
