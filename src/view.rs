@@ -493,7 +493,7 @@ impl<'mem, T: Pod> DeviceSliceMut<'mem, T> {
 #[cfg(test)]
 mod tests {
     use super::bounds;
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     proptest! {

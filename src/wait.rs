@@ -519,7 +519,7 @@ fn end_capture(stream: sys::CUstream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::is_capture_error;
-    use crate::DriverError;
+    use crate::error::DriverError;
 
     #[test]
     fn the_capture_family_is_900_to_908() {

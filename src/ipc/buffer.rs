@@ -614,7 +614,7 @@ fn wants_more(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{BufferInfo, BufferPiece, HEADER_LEN, MAGIC, PIECE_LEN, wants_more};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     const G: usize = 2 << 20;

@@ -406,7 +406,7 @@ fn check_joined(parts: &[Part]) -> Result<(usize, usize), Error> {
 #[cfg(test)]
 mod tests {
     use super::{Part, check_joined};
-    use crate::Error;
+    use crate::error::Error;
 
     fn part(start: usize, end: usize) -> Part {
         Part {

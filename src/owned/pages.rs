@@ -306,7 +306,7 @@ pub(super) fn check_new_range(
 #[cfg(test)]
 mod claims {
     use super::Claims;
-    use crate::Error;
+    use crate::error::Error;
 
     fn problem(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
         match result {
@@ -382,7 +382,7 @@ mod claims {
 #[cfg(test)]
 mod retired {
     use super::{RETIRED, Span, check_covered_at, insertion_point};
-    use crate::Error;
+    use crate::error::Error;
 
     /// `[start, end)`, retired, epoch.
     struct R(usize, usize, bool, u64);
@@ -442,7 +442,7 @@ mod retired {
 #[cfg(test)]
 mod tests {
     use super::{Span, check_covered, check_new_range, insertion_point, pages_inside};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     /// A page of the model: `[start, end)` in units, and whether it is granted.
@@ -656,7 +656,7 @@ mod one_list {
     use super::{
         EVICTED, Span, check_covered_at, check_not_evicted, insertion_point, pages_inside,
     };
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     #[derive(Debug, Clone, Copy, PartialEq)]

@@ -493,7 +493,7 @@ pub(crate) fn with_contexts(
 #[cfg(test)]
 mod tests {
     use super::{element_count, elements};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     proptest! {

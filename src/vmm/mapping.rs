@@ -260,8 +260,8 @@ impl<'va> Region<'va> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::{DriverError, Error};
     use crate::vmm::reservation::Region;
-    use crate::{DriverError, Error};
 
     #[test]
     fn a_front_that_could_not_be_unmapped_leaves_the_region() {
