@@ -84,12 +84,12 @@
 //!   builder on that stream, after checking that it is not capturing; beginning a capture between
 //!   the builder and the launch, or an argument whose events pull the stream into one, breaks the
 //!   condition).
-//! - **The wait holds under stream capture.** It is the crate's one wait (see
-//!   [When a wait fails](crate::scope#when-a-wait-fails)): another thread's capture does not refuse
-//!   it, and a capture begun on the scope's stream inside the closure (cudarc's safe
-//!   `begin_capture`) is ended by the scope, its graph destroyed, before the scope waits for the work
-//!   queued before it and returns [`Error::StreamCapturing`]; so is a capture of this thread's
-//!   per-thread default stream that stands in the wait's way.
+//! - **The wait holds under stream capture.** It is the crate's one wait (see [When a wait
+//!   fails](crate::stream#when-a-wait-fails)): another thread's capture does not refuse it, and a
+//!   capture begun on the scope's stream inside the closure (cudarc's safe `begin_capture`) is
+//!   ended by the scope, its graph destroyed, before the scope waits for the work queued before it
+//!   and returns [`Error::StreamCapturing`]; so is a capture of this thread's per-thread default
+//!   stream that stands in the wait's way.
 //! - **No `&mut [T]` of page-locked memory.** cudarc's `memcpy_dtoh` treats every `&mut [T]` as
 //!   pageable memory, into which the driver copies before returning (so cudarc returns once the
 //!   copy is queued). Behind a `&mut [T]` of page-locked memory the copy would still run after the
@@ -113,7 +113,7 @@
 //!   The scope's wait cannot end it (only its origin stream can, and the driver does not say which
 //!   stream that is), so the wait polls for it; it is ended by no one while this thread waits, and
 //!   the process aborts after 10 seconds (see
-//!   [When a wait fails](crate::scope#when-a-wait-fails)). End every
+//!   [When a wait fails](crate::stream#when-a-wait-fails)). End every
 //!   capture begun inside the closure before the closure returns.
 //! - **Result codes newer than cudarc's table.** cudarc reads every `CUresult` into a Rust enum.
 //!   The interop builds cudarc with the CUDA 13.4 API, whose enum holds every code of this crate's
@@ -184,8 +184,8 @@ use state::State;
 /// refusal, which explains whatever error cudarc returned for the operation); `f`'s error;
 /// [`Error::StreamCapturing`] where the stream was capturing when the closure returned (the scope
 /// ended the capture and destroyed its graph); the driver's error of the wait (a sticky error of
-/// earlier work, see [When a wait fails](crate::scope#when-a-wait-fails)). Whatever it returns, the
-/// work queued on the stream has finished.
+/// earlier work, see [When a wait fails](crate::stream#when-a-wait-fails)). Whatever it returns,
+/// the work queued on the stream has finished.
 ///
 /// # Panics
 /// Resumes a panic of `f`, after waiting for the stream.

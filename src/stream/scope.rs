@@ -29,74 +29,10 @@ use super::{
 /// panics, `scope` waits for every stream it queued on, then returns `f`'s value, or the first error
 /// (see `# Errors`), or resumes the panic.
 ///
-/// # The model
-/// A [`Stream`] runs the work queued on it in order, and alongside other streams' work. Work that
-/// reads or writes memory is queued only here, through a [`ScopedStream`], and borrows every view,
-/// host slice and kernel it uses for `'scope`, which lasts until `scope` returns; and `scope` returns
-/// only after waiting for every stream it queued on. So no queued copy or kernel outlives what it
-/// uses: the borrow checker refuses an unmap, a new grant, a drop, or a host access of anything lent
-/// to the scope, for as long as the scope runs (the cases in `ui-tests/stream/`).
-///
-/// Between streams, [`Event`]s order work: [`Stream::record`] marks a point in one stream,
-/// [`Stream::wait`] makes another stream, of any device, wait for it. A writable view is lent to
-/// one operation for the rest of the scope, as `&mut` is to one scoped thread; an operation that
-/// writes hands back a handle of what it writes, a [`DeviceInFlight`] for device memory or a
-/// [`HostInFlight`] for host memory, with which only work queued after it (on the same stream, or
-/// behind an event) reads the result. Neither gives the host any access to the bytes, which the
-/// queued work may still be writing: a `DeviceInFlight` has no host read, is no source of the
-/// synchronous copies (which run on the legacy default stream, which does not wait for the
-/// scope's streams), and does not become a [`DeviceSlice`]. The host reads the results after
-/// `scope` has returned, through the views and buffers it lent. To write the same memory again in
-/// the scope, lend it as a [`Rewritable`] ([`ScopedStream::rewritable`]), whose writes are ordered
-/// on its stream.
-///
-/// # Why it is sound, also under `mem::forget`
-/// The wait is in no value the caller holds. `scope` runs `f`, then waits for every stream
-/// registered with the scope, in its own frame: on return, and while a panic unwinds through it (a
-/// guard local to `scope`, which `f` never sees). `f` gets only `&'scope Scope`, and a
-/// [`ScopedStream`] is a `Copy` handle: forgetting either changes nothing. A "pending copy" value
-/// whose `Drop` waited would be unsound, since it could be forgotten while the borrows it held end;
-/// there is none. `'scope` is invariant, as in [`std::thread::scope`], so a [`ScopedStream`] can
-/// neither leave the closure nor accept a borrow that ends before the wait (a local of the closure,
-/// say).
-///
-/// # When a wait fails
-/// A failed `cuStreamSynchronize` does not by itself mean that the work has stopped. Under stream
-/// capture the driver refuses a wait at once, without waiting, and the error (900–908) is not
-/// sticky: the work queued before runs on. That happens on a stream that is capturing a graph, and,
-/// in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So every
-/// wait of this crate (this scope's, cudarc's scope's, the ends of
-/// [`RevocableAccess`](crate::vmm::RevocableAccess) and [`PeerAccess`](crate::PeerAccess), every
-/// synchronous copy, the staged copy, each `synchronize`) goes through one wait that holds:
-/// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
-///   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,
-///   which costs nothing where it succeeds; in `GLOBAL` mode, while another thread captures in
-///   `GLOBAL` mode, that try is refused and the driver invalidates the other thread's capture, as
-///   for any thread's potentially unsafe call during such a capture (capture in `THREAD_LOCAL` or
-///   `RELAXED` mode to keep it), and the wait goes on in `RELAXED` mode;
-/// - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
-///   where this thread may end it, and is then waited for. No graph keeps an address lent to the
-///   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;
-/// - so is a capture of this thread's per-thread default stream that stands in the wait's way (it
-///   makes a wait of the legacy default stream an implicit dependency, refuses a wait of the
-///   context, and is the capture a stream may have joined): only this thread can have begun it;
-/// - a capture this thread may not end is waited out, for up to 10 seconds. That is one the stream
-///   joined from another stream, or one another thread began in a mode other than `RELAXED`;
-/// - any other failure is settled by `cuCtxSynchronize`. Success proves that the work finished. The
-///   same error again proves it sticky: the context runs no more work until the primary context is
-///   reset, which cannot happen while a stream, event or pinned buffer of it lives (each keeps it
-///   retained).
-///
-/// So when `scope` returns, with `Ok` or an error, nothing queued touches the borrowed memory any
-/// more. After a fault, which operations ran before it is unknown, so the bytes they were to write
-/// are unspecified. Where nothing proves the work finished, the process **aborts** with a line on
-/// stderr that starts with `cuda-vmm: aborting:`: a capture outlasting the 10 seconds, or an
-/// error neither repeated nor cleared. Returning, or unwinding, would end the borrows under
-/// running work. `scope` waits for every other stream even after one wait failed, and returns the
-/// first error.
-///
-/// Work is not queued onto a stream that is capturing: each operation checks first
-/// (`cuStreamIsCapturing`) and returns [`Error::StreamCapturing`] before any work is queued.
+/// Why this is sound (the wait is in `scope`'s own frame, so `mem::forget` of anything the caller
+/// holds changes nothing), how events order streams, and what happens where a wait fails under
+/// stream capture, are the [module documentation](super)'s: [Why a scope](super#why-a-scope),
+/// [When a wait fails](super#when-a-wait-fails).
 ///
 /// # Lifetimes
 /// - `'scope`: the lifetime of the scope itself — while `f` runs and until every queued operation
@@ -109,7 +45,7 @@ use super::{
 /// `f`'s error, if it returns one (the waits happen in any case; a wait's failure then is not
 /// returned, but a sticky error shows again on the context's next call). Otherwise the first error
 /// of the waits: every stream is waited for even after one failed (see
-/// [When a wait fails](scope#when-a-wait-fails)). An error of one of `f`'s operations leaves the
+/// [When a wait fails](super#when-a-wait-fails)). An error of one of `f`'s operations leaves the
 /// work queued before it in place: it runs, and is waited for.
 ///
 /// # Panics
