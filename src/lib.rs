@@ -28,7 +28,8 @@
 //! [`DeviceSliceMut`].
 //!
 //! # The modules
-//! Each module is one concept; lower ones never name higher ones.
+//! Each module is one concept; lower ones never name higher ones, and no files import each other
+//! in a circle (`tests/layers.rs` checks both).
 //! - [`device`]: initialisation, [`Device`], [`Context`] (a device's primary context, retained),
 //!   and what a device can do beyond one process ([`Capabilities`](device::Capabilities)).
 //! - [`vmm`]: the borrowed layer: [`PhysicalAllocation`], [`VirtualReservation`] and its
@@ -42,7 +43,8 @@
 //! - [`host`]: host memory mapped like device memory, and the CPU's slices of it (borrowed, and
 //!   owned: [`OwnedHostMapping`](host::OwnedHostMapping)).
 //! - [`stream`]: [`Stream`], [`Event`], [`PinnedBuffer`], and [`scope`], under which queued copies
-//!   and kernels borrow what they use until the work has finished.
+//!   and kernels borrow what they use until the work has finished; its documentation says why work
+//!   borrows through a scope, and what every wait does under stream capture.
 //! - [`peer`]: several GPUs: links, [`PeerAccess`] guards, and [`copy_between`].
 //! - [`module`]: PTX modules and their kernels ([`Module`]).
 //! - `ipc` (Unix): memory shared between processes (POSIX file descriptors), between machines
