@@ -60,8 +60,9 @@ pub use park::{NotRebound, ParkedGraph, Rebind};
 ///   copies, memsets and launches take the same views and host memory as a [`ScopedStream`]'s and
 ///   borrow them for `'g`, the graph's lifetime. While the graph lives, nothing it uses can be
 ///   unmapped, regranted, shrunk or dropped, and a writable view it writes is not used elsewhere.
-///   Memory that can leave while a scope lasts (the views of a
-///   [`ScopedBuffer`](crate::owned::ScopedBuffer), a [`Rewritable`](super::Rewritable)) is not
+///   Memory that can leave while a scope lasts (the views of a buffer lent to a scope,
+///   [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope), a
+///   [`Rewritable`](super::Rewritable)) is not
 ///   captured ([`Error::StreamRefused`]). Pages mapped elsewhere in the same
 ///   [`VirtualBuffer`](crate::VirtualBuffer) (`grow` takes `&self`) disturb no captured address.
 /// - **Replays are scoped.** A replay borrows the graph for its scope, which waits for it: no

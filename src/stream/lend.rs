@@ -319,8 +319,9 @@ pub(crate) mod sealed {
     }
 }
 
-/// Memory whose pages can leave while a scope lasts: a [`ScopedBuffer`](crate::owned::ScopedBuffer)'s
-/// page table, which admits each lend of one of its views.
+/// Memory whose pages can leave while a scope lasts: the page table of a buffer lent to a scope
+/// ([`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope)), which admits each lend of one of
+/// its views. The owned layer implements it; this layer never names the buffer.
 pub(crate) trait Tracker: Sync {
     /// Whether the view `[ptr, ptr + bytes)`, made when the table was at `epoch`, may be lent now:
     /// every byte on a page that is neither retired nor mapped after the view was made. On `Ok`, a

@@ -21,7 +21,8 @@ use super::{lend::DeviceInFlight, scope::scope};
 /// runs on one stream at a time. A ring of two slots then serves any number of batches.
 ///
 /// Made by [`ScopedStream::rewritable`] from a writable view (which it lends for the rest of the
-/// scope), or by [`ScopedBuffer::write`](crate::owned::ScopedBuffer::write). The first write may run
+/// scope), or by the `write` of a buffer lent to the scope
+/// ([`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope)). The first write may run
 /// on any stream of the scope, and binds the memory to it; a write on another stream is refused
 /// ([`Error::StreamRefused`], before any driver call) until [`hand_over`](Rewritable::hand_over)
 /// orders the new stream after the old one behind an [`Event`]. Each write returns a

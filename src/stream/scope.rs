@@ -170,8 +170,8 @@ impl<'scope> Scope<'scope, '_> {
         }
     }
 
-    /// The streams of the scope, for the handles whose memory can leave while it lasts
-    /// ([`ScopedBuffer`](crate::owned::ScopedBuffer)).
+    /// The streams of the scope, for the handles whose memory can leave while it lasts (a buffer
+    /// lent to the scope, [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope)).
     pub(crate) fn registry(&'scope self) -> &'scope (dyn Registry + 'scope) {
         &self.streams
     }
