@@ -64,7 +64,7 @@ pub(super) enum Page<P> {
 
 impl<P> Page<P> {
     /// A mapped page, `Live` where it is granted, else `Ungranted`.
-    fn mapped(page: P, granted: bool) -> Page<P> {
+    fn with_grant(page: P, granted: bool) -> Page<P> {
         if granted {
             Page::Live(page)
         } else {
@@ -389,7 +389,7 @@ impl<P> Table<P> {
             if let Page::Retired { page, granted, .. } =
                 core::mem::replace(&mut slot.page, Page::Evicted)
             {
-                slot.page = Page::mapped(page, granted);
+                slot.page = Page::with_grant(page, granted);
                 self.stats.pages_retired = self.stats.pages_retired.saturating_sub(1);
             }
         }

@@ -260,7 +260,7 @@ impl Table<Backing> {
                     backing.memory.release_code()
                 }
                 Err(error) => {
-                    slot.page = Page::mapped(backing, live);
+                    slot.page = Page::with_grant(backing, live);
                     kept.push(slot);
                     Err(error)
                 }
