@@ -3,10 +3,11 @@
 //! - (a) The chapter's pattern: one physical allocation mapped at two addresses (two reservations), each
 //!   mapping granted to every device; GPU 0 writes through one address and each other GPU reads through
 //!   the other, and back.
-//! - (b) The better pattern: one reservation, one mapping, granted to every device in one `grant_all`.
-//!   Every device sees the memory at the same numeric address: GPU 0 writes there, each other GPU reads
-//!   there, and the `add_one` kernel runs on each other GPU reading the memory at that address.
-//!   Then a scoped grant (`grant_scoped`) opens the mapping to one peer at a time and is revoked.
+//! - (b) The better pattern: one reservation, one mapping, granted to every device in one
+//!   `grant_all`. Every device sees the memory at the same numeric address: GPU 0 writes there,
+//!   each other GPU reads there, and the `add_one` kernel runs on each other GPU reading the memory
+//!   at that address. Then a revocable grant (`grant_revocable`) opens the mapping to one peer at a
+//!   time and is revoked.
 //! - The fallback: `copy_between` from GPU 0's view into a buffer of each other GPU, with
 //!   `Route::Direct` (over the link, for the granted GPUs; refused for the others) and `Route::Staged`
 //!   (same bytes), and `Route::Auto` (which reports its path).
@@ -155,8 +156,9 @@ fn two_addresses(granted: &[&Context], granularity: usize) -> ExampleResult {
     Ok(())
 }
 
-/// (b) One reservation, one mapping, one address for every device in `granted` (GPU 0 first), a kernel
-/// on each peer reading it, scoped grants, and the fallback copies to every other device in `contexts`.
+/// (b) One reservation, one mapping, one address for every device in `granted` (GPU 0 first), a
+/// kernel on each peer reading it, revocable grants, and the fallback copies to every other device
+/// in `contexts`.
 fn one_address(contexts: &[Context], granted: &[&Context], granularity: usize) -> ExampleResult {
     println!("\n(b) one reservation, one mapping, one address on every granted device");
     let home = granted[0].device();
@@ -211,15 +213,15 @@ fn one_address(contexts: &[Context], granted: &[&Context], granularity: usize) -
         fallback(contexts, &access.slice_on::<u32>(home)?, &input)?;
     }
 
-    // A scoped grant: opened to one peer, revoked when it ends. The mapping is borrowed by the scoped
-    // access, so no view of it outlives the revocation.
+    // A revocable grant: opened to one peer, revoked when it ends. The mapping is borrowed by the
+    // revocable grant, so no view of it outlives the revocation.
     for peer in &granted[1..] {
         let gpu = peer.device().ordinal();
         let only_peer = [*peer];
-        let scoped = mapping.grant_scoped(&only_peer, ReadWrite)?;
+        let scoped = mapping.grant_revocable(&only_peer, ReadWrite)?;
         verify(
             &format!(
-                "  grant_scoped to GPU {gpu} alone: GPU {gpu} reads {address:#x}",
+                "  grant_revocable to GPU {gpu} alone: GPU {gpu} reads {address:#x}",
                 address = scoped.as_raw_ptr()
             ),
             &scoped.slice::<u32>()?.to_vec()?,

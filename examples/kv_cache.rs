@@ -11,7 +11,7 @@
 //!   token through the `DeviceInFlight` of the step before.
 //! - The prompt prefix all sequences share is one `SharedPage`, written once through a read-write
 //!   mapping and mapped read-only per sequence, at several offsets of one `ReadOnly` buffer; a
-//!   sequence's first step reads it through a `BufferRead`.
+//!   sequence's first step reads it through a `DeviceInFlight`.
 //! - A finished sequence's pages and prefix mapping are retired (`ScopedBuffer::retire`): the call
 //!   returns at once, later lends are refused, and the pages are released only once the device has
 //!   passed the work queued before the retire (an event on the scope's stream).
@@ -331,8 +331,9 @@ fn release_retired(
 }
 
 /// Queues one decode step: `spin_add_one(token, source, n, SPIN_NS)`, which spins, then writes
-/// `token[i] = source[i] + 1`; `source` (the shared prefix's `BufferRead`, or the previous token's
-/// `DeviceInFlight`) holds `source_len` values. Returns the written token, for the next step.
+/// `token[i] = source[i] + 1`; `source` (the shared prefix's `DeviceInFlight`, or the previous
+/// token's `DeviceInFlight`) holds `source_len` values. Returns the written token, for the next
+/// step.
 fn decode<'scope>(
     work: ScopedStream<'scope>,
     kernel: &'scope Function<'_>,

@@ -370,7 +370,7 @@ impl Context {
     ///
     /// The wait holds under stream capture: other threads' captures do not refuse it, and it
     /// returns only once the work has finished or the context is proven dead (see
-    /// [When a wait fails](crate::scope#when-a-wait-fails)).
+    /// [When a wait fails](crate::stream#when-a-wait-fails)).
     ///
     /// # Errors
     /// A sticky error left by earlier asynchronous work.

@@ -73,7 +73,7 @@ use bytemuck::Pod;
 use crate::device::{Context, Device};
 use crate::error::{DriverResult, Error, Result, check};
 use crate::sys;
-use crate::vmm::access::{Access, AccessMode, ReadWrite, ScopedAccess, elements};
+use crate::vmm::access::{Access, AccessMode, ReadWrite, RevocableAccess, elements};
 use crate::vmm::mapping::Mapping;
 use crate::vmm::physical::{AllocationOptions, Location, PhysicalAllocation};
 use crate::vmm::reservation::Region;
@@ -259,17 +259,17 @@ impl<'va> HostMapping<'va, '_> {
     }
 
     /// `cuMemSetAccess` — grant every device of `contexts` access until the returned grant ends, as
-    /// [`Mapping::grant_scoped`].
+    /// [`Mapping::grant_revocable`].
     ///
     /// # Errors
-    /// As [`Mapping::grant_scoped`].
+    /// As [`Mapping::grant_revocable`].
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_scoped<'map, M: AccessMode>(
+    pub fn grant_revocable<'map, M: AccessMode>(
         &'map mut self,
         contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'map, M>, Error> {
-        self.mapping.grant_scoped(contexts, mode)
+    ) -> Result<RevocableAccess<'map, M>, Error> {
+        self.mapping.grant_revocable(contexts, mode)
     }
 
     /// `cuMemSetAccess` with a host location (`CU_MEM_LOCATION_TYPE_HOST_NUMA`) — grant the CPU access

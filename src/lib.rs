@@ -28,11 +28,12 @@
 //! [`DeviceSliceMut`].
 //!
 //! # The modules
-//! Each module is one concept; lower ones never name higher ones.
+//! Each module is one concept; lower ones never name higher ones, and no files import each other
+//! in a circle (`tests/layers.rs` checks both).
 //! - [`device`]: initialisation, [`Device`], [`Context`] (a device's primary context, retained),
 //!   and what a device can do beyond one process ([`Capabilities`](device::Capabilities)).
 //! - [`vmm`]: the borrowed layer: [`PhysicalAllocation`], [`VirtualReservation`] and its
-//!   [`Region`](vmm::Region)s, [`Mapping`], [`Access`] and the scoped grant.
+//!   [`Region`](vmm::Region)s, [`Mapping`], [`Access`] and the revocable grant.
 //! - [`view`]: [`DeviceSlice`], [`DeviceSliceMut`] and their synchronous copies; [`DeviceBuffer`]
 //!   (`cuMemAlloc`).
 //! - [`owned`]: the owned layer: [`VirtualBuffer`], [`SharedReservation`](owned::SharedReservation),
@@ -42,7 +43,8 @@
 //! - [`host`]: host memory mapped like device memory, and the CPU's slices of it (borrowed, and
 //!   owned: [`OwnedHostMapping`](host::OwnedHostMapping)).
 //! - [`stream`]: [`Stream`], [`Event`], [`PinnedBuffer`], and [`scope`], under which queued copies
-//!   and kernels borrow what they use until the work has finished.
+//!   and kernels borrow what they use until the work has finished; its documentation says why work
+//!   borrows through a scope, and what every wait does under stream capture.
 //! - [`peer`]: several GPUs: links, [`PeerAccess`] guards, and [`copy_between`].
 //! - [`module`]: PTX modules and their kernels ([`Module`]).
 //! - `ipc` (Unix): memory shared between processes (POSIX file descriptors), between machines

@@ -5,7 +5,7 @@ use core::fmt;
 use core::ptr;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::device::Context;
+use crate::device::{Context, Device};
 use crate::error::{Error, Result, check};
 use crate::sys;
 use crate::wait::{self, Returns};
@@ -154,7 +154,7 @@ impl Module {
 
     /// The device the module was loaded for.
     #[must_use]
-    pub fn device(&self) -> crate::Device {
+    pub fn device(&self) -> Device {
         self.context.device()
     }
 
@@ -228,7 +228,7 @@ impl Function<'_> {
     /// The device the kernel runs on: every address given to [`launch`](Function::launch) must be
     /// reachable from it.
     #[must_use]
-    pub fn device(&self) -> crate::Device {
+    pub fn device(&self) -> Device {
         self.module.device()
     }
 
@@ -304,7 +304,7 @@ impl Function<'_> {
 #[cfg(test)]
 mod tests {
     use super::check_ptx_text;
-    use crate::Error;
+    use crate::error::Error;
 
     #[test]
     fn binary_magics_are_refused_at_their_first_non_text_byte() {

@@ -6,8 +6,8 @@
 //!   `cuMemAlloc` ([`DeviceBuffer`](crate::DeviceBuffer)) of one context to another context. It does
 //!   **not** open VMM mappings.
 //! - **VMM access grants** (`cuMemSetAccess`, [`Mapping::grant_all`](crate::Mapping::grant_all) and
-//!   [`Mapping::grant_scoped`](crate::Mapping::grant_scoped)) open one mapping to the devices named,
-//!   whether or not context peer access is enabled.
+//!   [`Mapping::grant_revocable`](crate::Mapping::grant_revocable)) open one mapping to the devices
+//!   named, whether or not context peer access is enabled.
 
 use core::ffi::c_int;
 use core::fmt;
@@ -18,9 +18,11 @@ use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::sys;
 
 mod guards;
+// `DeviceBuffer::peer_slice` and `peer_slice_mut`.
 pub(crate) mod transfer;
+mod views;
 
-use guards::GuardCounts;
+use guards::{GuardCounts, Pair};
 pub use transfer::{
     CopyPath, Route, STAGING_CHUNK_BYTES, Staging, copy_between, copy_between_with,
 };
@@ -171,10 +173,6 @@ static ENABLED: Mutex<GuardCounts<Held>> = Mutex::new(GuardCounts::new());
 fn enabled() -> MutexGuard<'static, GuardCounts<Held>> {
     ENABLED.lock().unwrap_or_else(PoisonError::into_inner)
 }
-
-/// A `(from, to)` direction, by device ordinal. Every [`Context`] is its device's primary context, so a
-/// device names its context.
-type Pair = (i32, i32);
 
 fn pair(from: &Context, to: &Context) -> Pair {
     (from.device().as_raw(), to.device().as_raw())

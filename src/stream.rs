@@ -1,9 +1,109 @@
 //! Stream-ordered work: [`Stream`], [`Event`], page-locked host memory ([`PinnedBuffer`]), and
 //! [`scope`], under which queued copies, memsets and kernel launches borrow what they use until the
-//! work has finished. The model, and why it is sound, are documented on [`scope`]. A [`Rewritable`]
-//! is memory that queued work writes again and again inside one scope; a [`Graph`] is work captured
-//! once ([`Graph::capture`]) that borrows what it uses for as long as it lives, replayed in scopes
-//! ([`ScopedStream::launch_graph`]), and parked ([`ParkedGraph`]) while its memory is evicted.
+//! work has finished.
+//!
+//! # Why a scope
+//! A queued copy or kernel runs after the call that queued it has returned, so whatever it reads
+//! or writes must stay alive, mapped and granted, and the host must keep its hands off it, until
+//! the GPU is done. Other bindings leave that to the caller, or hand back a "pending" value whose
+//! `Drop` waits, which `mem::forget` defeats. Here the wait is a scope, as in
+//! [`std::thread::scope`]: [`scope`] runs a closure, lends it [`ScopedStream`]s that queue work
+//! borrowing what it uses for the scope's lifetime, and waits for every stream before it returns,
+//! in its own frame. The borrow checker then refuses an unmap, a new grant, a drop or a host read
+//! of anything lent, for as long as the work can run.
+//!
+//! ## The model
+//! A [`Stream`] runs the work queued on it in order, and alongside other streams' work. Work that
+//! reads or writes memory is queued only inside [`scope`], through a [`ScopedStream`], and borrows
+//! every view, host slice and kernel it uses for `'scope`, which lasts until `scope` returns; and
+//! `scope` returns only after waiting for every stream it queued on. So no queued copy or kernel
+//! outlives what it uses: the borrow checker refuses an unmap, a new grant, a drop, or a host
+//! access of anything lent to the scope, for as long as the scope runs (the cases in
+//! `ui-tests/stream/`).
+//!
+//! Between streams, [`Event`]s order work: [`Stream::record`] marks a point in one stream,
+//! [`Stream::wait`] makes another stream, of any device, wait for it. A writable view is lent to
+//! one operation for the rest of the scope, as `&mut` is to one scoped thread; an operation that
+//! writes hands back a handle of what it writes, a [`DeviceInFlight`] for device memory or a
+//! [`HostInFlight`] for host memory, with which only work queued after it (on the same stream, or
+//! behind an event) reads the result. Neither gives the host any access to the bytes, which the
+//! queued work may still be writing: a `DeviceInFlight` has no host read, is no source of the
+//! synchronous copies (which run on the legacy default stream, which does not wait for the scope's
+//! streams), and does not become a [`DeviceSlice`](crate::DeviceSlice). The host reads the results
+//! after `scope` has returned, through the views and buffers it lent. To write the same memory
+//! again in the scope, lend it as a [`Rewritable`] ([`ScopedStream::rewritable`]), whose writes are
+//! ordered on its stream.
+//!
+//! ## Why it is sound, also under `mem::forget`
+//! The wait is in no value the caller holds. `scope` runs its closure, then waits for every stream
+//! registered with the scope, in its own frame: on return, and while a panic unwinds through it (a
+//! guard local to `scope`, which the closure never sees). The closure gets only `&'scope Scope`,
+//! and a [`ScopedStream`] is a `Copy` handle: forgetting either changes nothing. A "pending copy"
+//! value whose `Drop` waited would be unsound, since it could be forgotten while the borrows it
+//! held end; there is none. `'scope` is invariant, as in [`std::thread::scope`], so a
+//! [`ScopedStream`] can neither leave the closure nor accept a borrow that ends before the wait (a
+//! local of the closure, say).
+//!
+//! # When a wait fails
+//! A failed `cuStreamSynchronize` does not by itself mean that the work has stopped. Under stream
+//! capture the driver refuses a wait at once, without waiting, and the error (900–908) is not
+//! sticky: the work queued before runs on. That happens on a stream that is capturing a graph, and,
+//! in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So every
+//! wait of this crate (this scope's, cudarc's scope's, the ends of
+//! [`RevocableAccess`](crate::vmm::RevocableAccess) and [`PeerAccess`](crate::PeerAccess), every
+//! synchronous copy, the staged copy, each `synchronize`) goes through one wait that holds:
+//! - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
+//!   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,
+//!   which costs nothing where it succeeds; in `GLOBAL` mode, while another thread captures in
+//!   `GLOBAL` mode, that try is refused and the driver invalidates the other thread's capture, as
+//!   for any thread's potentially unsafe call during such a capture (capture in `THREAD_LOCAL` or
+//!   `RELAXED` mode to keep it), and the wait goes on in `RELAXED` mode;
+//! - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
+//!   where this thread may end it, and is then waited for. No graph keeps an address lent to the
+//!   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;
+//! - so is a capture of this thread's per-thread default stream that stands in the wait's way (it
+//!   makes a wait of the legacy default stream an implicit dependency, refuses a wait of the
+//!   context, and is the capture a stream may have joined): only this thread can have begun it;
+//! - a capture this thread may not end is waited out, for up to 10 seconds. That is one the stream
+//!   joined from another stream, or one another thread began in a mode other than `RELAXED`;
+//! - any other failure is settled by `cuCtxSynchronize`. Success proves that the work finished. The
+//!   same error again proves it sticky: the context runs no more work until the primary context is
+//!   reset, which cannot happen while a stream, event or pinned buffer of it lives (each keeps it
+//!   retained).
+//!
+//! So when `scope` returns, with `Ok` or an error, nothing queued touches the borrowed memory any
+//! more. After a fault, which operations ran before it is unknown, so the bytes they were to write
+//! are unspecified. Where nothing proves the work finished, the process **aborts** with a line on
+//! stderr that starts with `cuda-vmm: aborting:`: a capture outlasting the 10 seconds, or an
+//! error neither repeated nor cleared. Returning, or unwinding, would end the borrows under
+//! running work. `scope` waits for every other stream even after one wait failed, and returns the
+//! first error.
+//!
+//! Work is not queued onto a stream that is capturing: each operation checks first
+//! (`cuStreamIsCapturing`) and returns [`Error::StreamCapturing`] before any work is queued.
+//!
+//!
+//! # Memory in motion
+//! Some memory changes while one scope lasts. A [`Rewritable`] is a writable view that queued work
+//! writes again and again inside one scope (a ring of two slots for any number of batches), each
+//! write ordered after the one before on one stream, handed to another only behind an event. A
+//! buffer lent to a scope ([`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope)) grows,
+//! lends its pages and retires them while the GPU runs: a retire records an event on every
+//! stream of the scope, after the work queued so far, and returns at once; the pages are unmapped
+//! and released once every event has completed. Each lend of such memory is checked again, so a
+//! retired page reaches no later work. This layer knows such memory by trait only (the lend
+//! traits of `lend.rs`), never the buffer itself.
+//!
+//! A [`Graph`] is work captured once ([`Graph::capture`]) that borrows what it uses for as long
+//! as it lives, replayed in scopes ([`ScopedStream::launch_graph`]), and parked ([`ParkedGraph`])
+//! while its memory is evicted. Memory that can leave while a scope lasts is not captured.
+//!
+//! # The files
+//! By concept, lowest first, none naming a higher one (`tests/layers.rs` checks it): this file
+//! ([`Stream`] and its identity), `event.rs`, `pinned.rs`; `lend.rs` (what may be lent: the sealed
+//! traits, and what a queued write hands back); `scope.rs` (the scope and its registry of
+//! streams); `rewritable.rs`; `launch.rs` and `queue.rs` (what is queued: kernel arguments, and
+//! the operations of a scoped stream and of a capture); `graph.rs` and `graph/park.rs`.
 
 use core::ffi::c_void;
 use core::fmt;
@@ -16,21 +116,28 @@ use crate::module::Function;
 use crate::sys;
 use crate::wait;
 
+// The primitives: events and page-locked host memory (the stream itself is this file).
 mod event;
-mod graph;
-mod launch;
-pub(crate) mod lend;
 mod pinned;
-mod queue;
+// What may be lent to queued work: the sealed traits, and what a queued write hands back.
+pub(crate) mod lend;
+// The scope and its registry of streams.
 mod scope;
+// Memory a scope's work writes again and again.
+mod rewritable;
+// What is queued: the operations of a scoped stream, and the kernels' arguments.
+mod launch;
+mod queue;
+// Work captured once and replayed.
+mod graph;
 
 pub use event::Event;
+pub(crate) use graph::Covers;
 pub use graph::{Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind};
 pub use launch::{KernelArg, KernelArgs};
-pub use lend::{
-    DeviceInFlight, HostInFlight, HostSource, HostTarget, Rewritable, ScopedRead, ScopedWrite,
-};
+pub use lend::{DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite};
 pub use pinned::{PinnedBuffer, PinnedChunks, PinnedSliceMut};
+pub use rewritable::Rewritable;
 pub use scope::{Scope, ScopedStream, scope};
 
 /// A stream of one device's primary context: the work queued on it runs in order, and alongside the
@@ -115,8 +222,8 @@ impl Stream {
 
     /// The stream's identity: its context and its handle (the null handle of every context's
     /// legacy default stream names a different stream in each).
-    pub(crate) fn id(&self) -> lend::StreamId {
-        lend::StreamId::new(self.context.as_raw(), self.raw)
+    pub(crate) fn id(&self) -> StreamId {
+        StreamId::new(self.context.as_raw(), self.raw)
     }
 
     /// The raw `CUstream` (null for the legacy default stream): an escape hatch that owns nothing.
@@ -132,7 +239,7 @@ impl Stream {
     ///
     /// The wait holds under stream capture: it returns, with `Ok` or an error, only once the work
     /// has finished (or the context is proven dead), also while other threads capture graphs, and
-    /// it ends a capture of this stream itself (see [When a wait fails](scope#when-a-wait-fails)).
+    /// it ends a capture of this stream itself (see [When a wait fails](self#when-a-wait-fails)).
     ///
     /// # Errors
     /// A sticky error left by earlier asynchronous work in the context;
@@ -233,6 +340,25 @@ impl Stream {
         // SAFETY: the caller's guarantee for both ranges; the stream belongs to the current context.
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, self.raw) })?;
         Ok(())
+    }
+}
+
+/// A stream as the driver tells streams apart: its context and its handle. The handle alone is not
+/// enough: every context's legacy default stream is the null handle, so two devices' legacy streams
+/// would compare equal, and a view lent to one would pass for work on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StreamId {
+    context: usize,
+    handle: usize,
+}
+
+impl StreamId {
+    /// The stream `handle` (null for the legacy default stream) of `context`.
+    pub(crate) fn new(context: sys::CUcontext, handle: sys::CUstream) -> StreamId {
+        StreamId {
+            context: context.addr(),
+            handle: handle.addr(),
+        }
     }
 }
 

@@ -223,12 +223,14 @@ macro_rules! view_accessors {
             self.ptr
         }
 
-        /// Whether `device` can read and write this memory directly while the view lives: the view's
-        /// own device, every device of the VMM grant it came from, and for a peer view the device
-        /// that owns the memory. A device for which this is `false` may still be physically linked:
-        /// the link is opened by a grant ([`Mapping::grant_all`](crate::Mapping::grant_all),
-        /// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped)) or, for `cuMemAlloc` memory, by a
-        /// [`PeerAccess`](crate::PeerAccess) guard and [`DeviceBuffer::peer_slice`](crate::DeviceBuffer::peer_slice).
+        /// Whether `device` can read and write this memory directly while the view lives: the
+        /// view's own device, every device of the VMM grant it came from, and for a peer view the
+        /// device that owns the memory. A device for which this is `false` may still be physically
+        /// linked: the link is opened by a grant
+        /// ([`Mapping::grant_all`](crate::Mapping::grant_all),
+        /// [`Mapping::grant_revocable`](crate::Mapping::grant_revocable)) or, for `cuMemAlloc`
+        /// memory, by a [`PeerAccess`](crate::PeerAccess) guard and
+        /// [`DeviceBuffer::peer_slice`](crate::DeviceBuffer::peer_slice).
         #[must_use]
         pub fn reachable_from(&self, device: Device) -> bool {
             device == self.context.device() || self.reach.contains(device)
@@ -491,7 +493,7 @@ impl<'mem, T: Pod> DeviceSliceMut<'mem, T> {
 #[cfg(test)]
 mod tests {
     use super::bounds;
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     proptest! {

@@ -24,7 +24,7 @@ pub(crate) mod mapping;
 pub(crate) mod physical;
 pub(crate) mod reservation;
 
-pub use access::{Access, AccessMode, ReadOnly, ReadWrite, ScopedAccess};
+pub use access::{Access, AccessMode, ReadOnly, ReadWrite, RevocableAccess};
 pub use mapping::Mapping;
 pub use physical::{
     AllocationOptions, Granularity, HandleKinds, Location, PhysicalAllocation, align_size,

@@ -1,8 +1,9 @@
 //! The one wait that cannot come back early: every path of this crate that must not return while
 //! work may still run waits here. That is both scopes' ends (the NCCL scope's by polling,
 //! [`stream_polled`], so that it can give up on a peer that never comes), the ends of
-//! [`ScopedAccess`](crate::vmm::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous
-//! copy and memset, the staged copy, the synchronous launch, and the public `synchronize` methods.
+//! [`RevocableAccess`](crate::vmm::RevocableAccess) and [`PeerAccess`](crate::PeerAccess), every
+//! synchronous copy and memset, the staged copy, the synchronous launch, and the public
+//! `synchronize` methods.
 //!
 //! # Why a plain wait is not enough
 //! A failed `cuStreamSynchronize`, `cuCtxSynchronize` or synchronous `cuMemcpy*` does not mean
@@ -518,7 +519,7 @@ fn end_capture(stream: sys::CUstream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::is_capture_error;
-    use crate::DriverError;
+    use crate::error::DriverError;
 
     #[test]
     fn the_capture_family_is_900_to_908() {

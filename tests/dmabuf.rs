@@ -364,7 +364,7 @@ fn ranges_the_page_table_refuses_reach_no_driver_call() {
     buffer.restore(evicted).unwrap();
     // Retired, its stream's work not yet seen finished.
     let stream = Stream::new(&ctx).unwrap();
-    assert_eq!(buffer.retire_after(4 * g..5 * g, &stream).unwrap(), 1);
+    assert_eq!(buffer.retire_after(&stream, 4 * g..5 * g).unwrap(), 1);
     let (start, end, problem) = refusal(&buffer, 3 * g..5 * g);
     assert_eq!((start, end), (4 * g, 5 * g));
     assert!(problem.contains("retired"), "{problem}");

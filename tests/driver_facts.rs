@@ -119,10 +119,10 @@ fn driver_refuses_what_the_types_forbid() {
     drop(granted);
 }
 
-/// What taking a grant back does: `PROT_NONE` is accepted, a scoped grant closes the mapping when it
-/// ends, and a grant naming one device twice opens it or leaves it closed, never half open.
+/// What taking a grant back does: `PROT_NONE` is accepted, a revocable grant closes the mapping
+/// when it ends, and a grant naming one device twice opens it or leaves it closed, never half open.
 fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>, ptr: u64) {
-    // Revoking a grant with PROT_NONE (what a scoped grant would do when it ends).
+    // Revoking a grant with PROT_NONE (what a revocable grant would do when it ends).
     let none = MemAccessDesc {
         location: MemLocation {
             type_: 1,
@@ -138,10 +138,10 @@ fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>
     );
     assert_eq!(revoke, 0, "PROT_NONE is how a grant is taken back");
 
-    // A scoped grant closes the mapping again when it ends.
+    // A revocable grant closes the mapping again when it ends.
     {
         let contexts = [ctx];
-        let scoped = granted.grant_scoped(&contexts, ReadWrite).unwrap();
+        let scoped = granted.grant_revocable(&contexts, ReadWrite).unwrap();
         assert_eq!(first_bytes(&scoped), vec![7; 64]);
         scoped.revoke().unwrap();
     }
@@ -149,7 +149,7 @@ fn revocation_facts(device: Device, ctx: &Context, granted: &mut Mapping<'_, '_>
     // SAFETY: `host` is writable for 64 bytes; the source is mapped, its grant revoked: the driver
     // refuses or fails the copy, and cannot write elsewhere.
     let after_revoke = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptr, host.len()) };
-    println!("copy after a scoped grant ended: {}", name(after_revoke));
+    println!("copy after a revocable grant ended: {}", name(after_revoke));
     assert_ne!(after_revoke, 0, "a revoked grant still opens the mapping");
 
     // A grant naming one device twice: whatever the driver answers, a refused grant leaves the mapping

@@ -485,7 +485,7 @@ fn warm_up(ctx: &Context) {
     let stream = Stream::new(ctx).unwrap();
     let mut buffer = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
     buffer.grow(device, g).unwrap();
-    buffer.retire_after(.., &stream).unwrap();
+    buffer.retire_after(&stream, ..).unwrap();
     stream.synchronize().unwrap();
     buffer.reclaim().unwrap();
     buffer.free().unwrap();
@@ -548,7 +548,7 @@ fn fault_round(
         back, data,
         "round {round}: the shared page's second mapping"
     );
-    assert_eq!(cache.retire_after(3 * g..4 * g, work).unwrap(), 1);
+    assert_eq!(cache.retire_after(work, 3 * g..4 * g).unwrap(), 1);
     if round.is_multiple_of(3) {
         work.synchronize().unwrap();
         cache.reclaim().unwrap();

@@ -17,7 +17,7 @@ use cuda_vmm::{
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
 // buffer does not know of, inside its reservation, so that its `cuMemMap` is refused; a write into
-// read-only pages; a read of a mapping whose scoped grant has ended.
+// read-only pages; a read of a mapping whose revocable grant has ended.
 unsafe extern "C" {
     fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32;
     fn cuMemUnmap(ptr: u64, size: usize) -> u32;
@@ -794,14 +794,14 @@ fn owned_mappings_live_in_vecs_and_never_overlap() {
     );
 }
 
-/// A scoped grant of an owned mapping: written and read through its views, closed again when it ends
-/// (by `revoke` or by drop), after which the mapping is granted anew and still holds its bytes. Free
-/// memory is back to the byte.
+/// A revocable grant of an owned mapping: written and read through its views, closed again when it
+/// ends (by `revoke` or by drop), after which the mapping is granted anew and still holds its
+/// bytes. Free memory is back to the byte.
 #[test]
-fn owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again() {
+fn owned_mapping_revocable_grant_ends_and_the_mapping_is_granted_again() {
     let _serial = serial();
     let Some((device, ctx)) =
-        gpu_or_skip("owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again")
+        gpu_or_skip("owned_mapping_revocable_grant_ends_and_the_mapping_is_granted_again")
     else {
         return;
     };
@@ -815,11 +815,11 @@ fn owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again() {
 
     // Refused before any driver call: an empty list.
     assert!(matches!(
-        mapping.grant_scoped(&[], ReadWrite),
+        mapping.grant_revocable(&[], ReadWrite),
         Err(Error::ZeroSize { .. })
     ));
     let contexts = [&ctx];
-    let mut scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+    let mut scoped = mapping.grant_revocable(&contexts, ReadWrite).unwrap();
     assert_eq!(scoped.devices(), [device]);
     assert_eq!(scoped.size(), g);
     let ptr = scoped.as_raw_ptr();
@@ -830,7 +830,10 @@ fn owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again() {
         .copy_from_host(&pattern(words, 11))
         .unwrap();
     let got = scoped.slice::<u32>().unwrap().to_vec().unwrap();
-    assert!(got == pattern(words, 11), "read through the scoped grant");
+    assert!(
+        got == pattern(words, 11),
+        "read through the revocable grant"
+    );
     scoped.revoke().unwrap();
 
     // The grant has ended: the driver refuses a raw read of the mapping (not a sticky error,
@@ -843,19 +846,19 @@ fn owned_mapping_scoped_grant_ends_and_the_mapping_is_granted_again() {
     assert_ne!(
         code,
         0,
-        "a read after the scoped grant ended: {}",
+        "a read after the revocable grant ended: {}",
         common::code_name(code)
     );
 
-    // A new grant works, and the bytes are still there; a scoped grant ended by its drop too.
+    // A new grant works, and the bytes are still there; a revocable grant ended by its drop too.
     assert!(
         read_through_new_grant(&mut mapping, &ctx) == pattern(words, 11),
         "read through a new grant"
     );
-    drop(mapping.grant_scoped(&contexts, ReadOnly).unwrap());
+    drop(mapping.grant_revocable(&contexts, ReadOnly).unwrap());
     assert!(
         read_through_new_grant(&mut mapping, &ctx) == pattern(words, 11),
-        "read after a dropped scoped grant"
+        "read after a dropped revocable grant"
     );
 
     let memory = mapping.unmap().unwrap();

@@ -1,5 +1,5 @@
-//! Peer access, scoped grants, kernels and the fallback copy. Single-GPU parts run on any GPU; the
-//! multi-GPU parts take every device the machine has and skip visibly with fewer than two.
+//! Peer access, revocable grants, kernels and the fallback copy. Single-GPU parts run on any GPU;
+//! the multi-GPU parts take every device the machine has and skip visibly with fewer than two.
 
 mod common;
 
@@ -378,7 +378,7 @@ fn copy_from_a_granted_vmm_view_takes_the_link() {
         let mut region = reservation.region();
         let mut mapping = region.map(&memory).unwrap();
         let contexts = [cj, ci];
-        let mut scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+        let mut scoped = mapping.grant_revocable(&contexts, ReadWrite).unwrap();
         scoped
             .slice_mut::<u32>()
             .unwrap()
@@ -502,7 +502,7 @@ fn scoped_peer_grant_opens_and_closes_a_vmm_mapping() {
     let input = pattern(g / 4, 1234);
     {
         let contexts = [c0, c1];
-        let mut scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+        let mut scoped = mapping.grant_revocable(&contexts, ReadWrite).unwrap();
         scoped
             .slice_mut_on::<u32>(*d0)
             .unwrap()

@@ -104,7 +104,7 @@ fn peer_access_facts() {
     guard.disable().unwrap();
     {
         let contexts = [c1, c0];
-        let _scoped = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+        let _scoped = mapping.grant_revocable(&contexts, ReadWrite).unwrap();
         let opened = raw_copy(c0, local_addr, vmm_addr, g);
         println!(
             "the same after a grant to GPU 0, no context peer access: {}",
@@ -113,8 +113,8 @@ fn peer_access_facts() {
         assert_eq!(opened, 0);
         assert_eq!(local.as_slice().to_vec().unwrap(), input);
     }
-    // The scoped grant has ended: GPU 0 is refused again.
+    // The revocable grant has ended: GPU 0 is refused again.
     let closed = raw_copy(c0, local_addr, vmm_addr, g);
-    println!("after the scoped grant ended: {}", name(closed));
+    println!("after the revocable grant ended: {}", name(closed));
     assert_ne!(closed, 0, "a revoked grant still opens the mapping");
 }

@@ -2,7 +2,11 @@
 //! (`ui-tests/<area>/<name>.rs`) is named in a row of the table, every case a row names
 //! (`` `<area>/<name>` `` in its "case" column) has a file, every row names a case or says "none"
 //! (a rule checked at run time), and a row's "error" column names the code its cases' `.stderr`
-//! files report.
+//! files report. Every run-time row (its "error" column says "run time") names the GPU test that
+//! proves it: a test file
+//! (`` `tests/<file>.rs` ``) followed by the names of test functions in it
+//! (`` `tests/in_motion.rs` `scoped_views_are_checked_before_the_driver` ``), each of which must
+//! exist in that file.
 //!
 //! Needs no GPU: it reads files only. They are found beside the crate's manifest, so the test skips
 //! visibly where the binary runs away from the source tree (a bundled test binary on another machine).
@@ -12,12 +16,46 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// A row of the table: its line number in the README, the cases its "case" column names, whether
-/// that column says "none" (a run-time rule), and its "error" column.
+/// that column says "none" (a run-time rule), the GPU tests it names, and its "error" column.
 struct Row {
     line: usize,
     cases: Vec<String>,
     none: bool,
+    tests: Vec<(String, String)>,
     error: String,
+}
+
+/// The tests `text` names: each `` `tests/<file>.rs` `` followed by backticked function names
+/// (separated by spaces or commas), as `(file, function)` pairs.
+fn test_names(text: &str) -> Vec<(String, String)> {
+    let parts: Vec<&str> = text.split('`').collect();
+    let mut names = Vec::new();
+    let mut file: Option<&str> = None;
+    // Odd indices are backticked spans, even ones the text between them.
+    for (index, part) in parts.iter().enumerate() {
+        if index % 2 == 0 {
+            if !part.chars().all(|c| c == ' ' || c == ',') {
+                file = None;
+            }
+            continue;
+        }
+        let is_file = part
+            .strip_prefix("tests/")
+            .and_then(|rest| rest.strip_suffix(".rs"))
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'));
+        if is_file {
+            file = Some(part);
+        } else if let Some(file) = file {
+            let is_fn = !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if is_fn {
+                names.push((file.to_owned(), (*part).to_owned()));
+            }
+        }
+    }
+    names
 }
 
 /// The cells of a Markdown table line (`| a | b |`), trimmed; `None` for any other line.
@@ -89,6 +127,7 @@ fn rows(readme: &str) -> Vec<Row> {
                     line: index + 1,
                     cases: case_names(cell),
                     none: cell.starts_with("none"),
+                    tests: test_names(cell),
                     error: error
                         .and_then(|error| row.get(error))
                         .copied()
@@ -174,6 +213,27 @@ fn rule_table_names_every_case_and_only_cases() {
             }
         }
     }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for row in rows
+        .iter()
+        .filter(|row| row.none && row.error == "run time")
+    {
+        if row.tests.is_empty() {
+            problems.push(format!(
+                "ui-tests/README.md:{}: a run-time row that names no GPU test (`tests/<file>.rs` `<function>`)",
+                row.line
+            ));
+        }
+        for (file, function) in &row.tests {
+            let source = fs::read_to_string(root.join(file)).unwrap_or_default();
+            if !source.contains(&format!("fn {function}(")) {
+                problems.push(format!(
+                    "ui-tests/README.md:{}: the row names `{file}` `{function}`, but {file} has no such function",
+                    row.line
+                ));
+            }
+        }
+    }
     for case in files.keys() {
         if !named.contains(case.as_str()) {
             problems.push(format!(
@@ -187,9 +247,12 @@ fn rule_table_names_every_case_and_only_cases() {
         problems.join("\n")
     );
     println!(
-        "rule_table: {} rows, {} cases, all named",
+        "rule_table: {} rows, {} cases, all named; {} run-time rows, each naming its GPU tests",
         rows.len(),
-        files.len()
+        files.len(),
+        rows.iter()
+            .filter(|row| row.none && row.error == "run time")
+            .count()
     );
 }
 
@@ -205,4 +268,16 @@ fn case_names_are_recognised() {
     assert_eq!(rows[0].cases, ["vmm/a_b", "vmm/c"]);
     assert_eq!(rows[0].error, "E0505");
     assert!(rows[1].none && rows[1].cases.is_empty());
+    assert!(rows[1].tests.is_empty());
+    let pair = |file: &str, function: &str| (file.to_owned(), function.to_owned());
+    assert_eq!(
+        test_names(
+            "none: checked (`Error::PageRange`; GPU tests `tests/a.rs` `x_y`, `z`, `tests/b.rs`, `w` and `not_a_test` here)"
+        ),
+        [
+            pair("tests/a.rs", "x_y"),
+            pair("tests/a.rs", "z"),
+            pair("tests/b.rs", "w")
+        ]
+    );
 }

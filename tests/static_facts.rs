@@ -7,7 +7,7 @@ use cuda_vmm::{
     Access, Context, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, DriverError, Error,
     Granularity, Mapping, Module, PeerAccess, PhysicalAllocation, ReadOnly, ReadWrite,
     VirtualReservation, module::Function, peer::CopyPath, peer::P2PAttributes, peer::PeerLink,
-    peer::Route, vmm::AllocationOptions, vmm::Location, vmm::Region, vmm::ScopedAccess,
+    peer::Route, vmm::AllocationOptions, vmm::Location, vmm::Region, vmm::RevocableAccess,
 };
 use cuda_vmm::{
     VirtualBuffer, owned::BufferStats, owned::OwnedMapping, owned::PageInfo,
@@ -41,9 +41,9 @@ assert_impl_all!(Access<'static, ReadWrite>: Send, Sync);
 assert_impl_all!(Access<'static, ReadOnly>: Send, Sync);
 assert_impl_all!(DeviceSlice<'static, u32>: Send, Sync, Copy);
 assert_impl_all!(DeviceSliceMut<'static, u32>: Send, Sync);
-// A peer-access guard is two `&Context`; a scoped grant is the `Access` it dereferences to.
+// A peer-access guard is two `&Context`; a revocable grant is the `Access` it dereferences to.
 assert_impl_all!(PeerAccess<'static>: Send, Sync);
-assert_impl_all!(ScopedAccess<'static, ReadWrite>: Send, Sync);
+assert_impl_all!(RevocableAccess<'static, ReadWrite>: Send, Sync);
 
 // A plain device buffer and a loaded module own a clone of their context, so they have no lifetime:
 // they live in struct fields beside the context they were made with, move between threads and are
@@ -67,9 +67,9 @@ assert_not_impl_any!(VirtualReservation: Clone, Copy);
 assert_impl_all!(Context: Clone);
 assert_not_impl_any!(Context: Copy);
 assert_not_impl_any!(DeviceBuffer<u32>: Clone, Copy);
-// A copied guard or scoped grant would end twice: two disables, two revokes.
+// A copied guard or revocable grant would end twice: two disables, two revokes.
 assert_not_impl_any!(PeerAccess<'static>: Clone, Copy);
-assert_not_impl_any!(ScopedAccess<'static, ReadWrite>: Clone, Copy);
+assert_not_impl_any!(RevocableAccess<'static, ReadWrite>: Clone, Copy);
 assert_not_impl_any!(Module: Clone, Copy);
 
 // Zero cost: each safe type is exactly the raw data the driver calls need.
@@ -101,7 +101,7 @@ assert_eq_size!(
 assert_eq_size!(PeerAccess<'static>, (usize, usize));
 assert_eq_size!(PeerLink, (i32, i32));
 const_assert_eq!(
-    size_of::<ScopedAccess<'static, ReadWrite>>(),
+    size_of::<RevocableAccess<'static, ReadWrite>>(),
     size_of::<Access<'static, ReadWrite>>()
 );
 const_assert_eq!(
@@ -256,7 +256,6 @@ assert_eq_size!(
 // the scoped buffer it may come from, are `Copy`.
 assert_impl_all!(cuda_vmm::stream::Rewritable<'static, u32>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Rewritable<'static, u32>: Clone, Copy);
-assert_impl_all!(cuda_vmm::owned::BufferRead<'static, u32>: Send, Sync, Copy);
 assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadWrite>: Send, Sync, Copy);
 assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadOnly>: Send, Sync, Copy);
 // The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only

@@ -2,16 +2,16 @@
 //! once with a capture-family error (900-908), which is not sticky, must not let the call return
 //! while the work it waited for still runs.
 //!
-//! Each test reproduces one trigger that made a scope, a guard or a synchronous copy come back early
-//! from safe code: the scope's own cudarc stream left capturing (by `begin_capture`, or by the `?` of
-//! a call that failed inside a capture); another thread capturing in
+//! Each test reproduces one trigger that made a scope, a guard or a synchronous copy come back
+//! early from safe code: the scope's own cudarc stream left capturing (by `begin_capture`, or by
+//! the `?` of a call that failed inside a capture); another thread capturing in
 //! `CU_STREAM_CAPTURE_MODE_GLOBAL` before the wait or while it waits (`cuda_vmm::scope`, a
-//! synchronous device copy, the staged `copy_between_with`, the end of a `ScopedAccess`); host NUMA
-//! memory that the CPU takes back after a cudarc scope; and a capture the scope cannot end, where
-//! the process must abort. None of them asserts whether the call returned `Ok` or `Err` (that is
-//! printed): each asserts what the early return broke, with work long enough (a kernel that spins
-//! for [`SPIN`]) that an early return shows. When the call returns, the work it waited for has
-//! finished (an event recorded after it has completed, the time of the work has passed); memory
+//! synchronous device copy, the staged `copy_between_with`, the end of a `RevocableAccess`); host
+//! NUMA memory that the CPU takes back after a cudarc scope; and a capture the scope cannot end,
+//! where the process must abort. None of them asserts whether the call returned `Ok` or `Err` (that
+//! is printed): each asserts what the early return broke, with work long enough (a kernel that
+//! spins for [`SPIN`]) that an early return shows. When the call returns, the work it waited for
+//! has finished (an event recorded after it has completed, the time of the work has passed); memory
 //! unmapped or revoked right after leaves the context healthy; and memory the work wrote holds its
 //! final bytes and does not change any more.
 //!
@@ -740,18 +740,18 @@ fn host_numa_memory_is_not_written_after_a_cudarc_scope_ended_by_a_capture() {
     assert_eq!(healthy, Ok(()), "the context is not healthy");
 }
 
-/// `ScopedAccess::end` (the grant of `Mapping::grant_scoped`, revoked and dropped) while another
-/// thread captures in GLOBAL mode. A [`SPIN`] kernel, launched through cudarc with the grant's raw
-/// address, adds one to every value of the granted memory; the grant then ends, which synchronises
-/// the context before revoking the access. The old synchronisation was refused at once (900), and
-/// the access was revoked under the kernel. Proves that the grant ends only once the kernel has
-/// finished (its event has completed, [`SPIN`] has passed), that the context is healthy (the
-/// kernel did not touch revoked memory), and that the memory holds the kernel's results.
+/// `RevocableAccess::end` (the grant of `Mapping::grant_revocable`, revoked and dropped) while
+/// another thread captures in GLOBAL mode. A [`SPIN`] kernel, launched through cudarc with the
+/// grant's raw address, adds one to every value of the granted memory; the grant then ends, which
+/// synchronises the context before revoking the access. The old synchronisation was refused at once
+/// (900), and the access was revoked under the kernel. Proves that the grant ends only once the
+/// kernel has finished (its event has completed, [`SPIN`] has passed), that the context is healthy
+/// (the kernel did not touch revoked memory), and that the memory holds the kernel's results.
 #[cfg(feature = "cudarc")]
 #[test]
-fn a_scoped_grant_ends_only_after_the_work_while_another_thread_captures_globally() {
+fn a_revocable_grant_ends_only_after_the_work_while_another_thread_captures_globally() {
     const TEST: &str =
-        "a_scoped_grant_ends_only_after_the_work_while_another_thread_captures_globally";
+        "a_revocable_grant_ends_only_after_the_work_while_another_thread_captures_globally";
     let _serial = serial();
     let Some(gpu) = cudarc_gpu_or_skip(TEST) else {
         return;
@@ -776,7 +776,7 @@ fn a_scoped_grant_ends_only_after_the_work_while_another_thread_captures_globall
     let contexts = [ctx];
     for revoke in [true, false] {
         let how = if revoke { "revoke" } else { "drop" };
-        let mut grant = mapping.grant_scoped(&contexts, ReadWrite).unwrap();
+        let mut grant = mapping.grant_revocable(&contexts, ReadWrite).unwrap();
         grant
             .slice_mut::<u32>()
             .unwrap()

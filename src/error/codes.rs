@@ -28,6 +28,16 @@ macro_rules! driver_errors {
     };
 }
 
+impl DriverError {
+    /// The table row of this code, if it has one (the table is sorted: checked below).
+    pub(super) fn entry(self) -> Option<&'static (u32, &'static str, &'static str)> {
+        TABLE
+            .binary_search_by_key(&self.code(), |&(code, _, _)| code)
+            .ok()
+            .and_then(|index| TABLE.get(index))
+    }
+}
+
 driver_errors! {
     INVALID_VALUE = 1 => "invalid argument",
     OUT_OF_MEMORY = 2 => "out of memory",

@@ -19,8 +19,6 @@
 use core::fmt;
 use core::num::NonZeroU32;
 
-use super::codes::TABLE;
-
 /// A CUDA driver error: a `CUresult` other than `CUDA_SUCCESS`.
 ///
 /// Any non-zero code can be held, including ones newer than this crate's table; [`name`] and
@@ -70,14 +68,6 @@ impl DriverError {
     #[must_use]
     pub fn description(self) -> Option<&'static str> {
         self.entry().map(|&(_, _, description)| description)
-    }
-
-    /// The table row of this code, if it has one.
-    fn entry(self) -> Option<&'static (u32, &'static str, &'static str)> {
-        TABLE
-            .binary_search_by_key(&self.code(), |&(code, _, _)| code)
-            .ok()
-            .and_then(|index| TABLE.get(index))
     }
 
     /// Builds the constant for a known, non-zero code; evaluated only in const context, where a

@@ -312,7 +312,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::{FabricHandle, MAGIC};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     fn handle() -> FabricHandle {

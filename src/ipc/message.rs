@@ -98,7 +98,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::{ExportInfo, MAGIC};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     #[test]

@@ -183,7 +183,7 @@ pub(super) fn os(what: &'static str, errno: Errno) -> Error {
 #[cfg(test)]
 mod tests {
     use super::{ExportInfo, ExportedAllocation};
-    use crate::Error;
+    use crate::error::Error;
     use core::mem::MaybeUninit;
     use std::io::IoSlice;
     use std::os::fd::{AsFd, OwnedFd};

@@ -1,221 +1,53 @@
 //! [`VirtualBuffer`]: one reservation, pages mapped and unmapped in it at any offset, a kept access
 //! set granted to every page once.
+//!
+//! One idea, a page table over one reservation, and its faces. The files go by type, then by
+//! feature:
+//! - `table.rs` (with `table/driver.rs`): the page table, the only code that changes a page's
+//!   state (live, ungranted, retired with its ticket, evicted); `page.rs`: what a page holds;
+//!   `retiring.rs`: the retires waiting for their events.
+//! - The host-waiting [`VirtualBuffer`]: this file (reserve, grow, map, unmap, access changes,
+//!   teardown), `views.rs`, `retire.rs` (stream-ordered release), `evict.rs` (evict and restore),
+//!   `exportable.rs` (page options, export and import), `dmabuf.rs` (dma-buf export of a range).
+//! - The scoped one, [`ScopedBuffer`] (the same table, lent to a scope, no host wait): `scoped.rs`
+//!   and `scoped/evict.rs`.
 
-use crate::vmm::access::{retain_distinct, with_contexts};
 use core::fmt;
 use core::marker::PhantomData;
-use core::ops::{Range, RangeBounds};
+use core::ops::RangeBounds;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{Context, Device};
-use crate::error::{DriverError, DriverResult, Error, check, first_error};
-use crate::stream::{Event, PinnedBuffer};
+use crate::error::Error;
 use crate::sys;
 use crate::view::range_bounds;
-use crate::vmm::access::set_access;
-use crate::vmm::access::{AccessMode, Contexts, ReadWrite};
+use crate::vmm::access::{AccessMode, ReadWrite, retain_distinct};
 use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 use crate::vmm::reservation::VirtualReservation;
 
-use super::pages::{Claims, RETIRED, Span, check_new_range, insertion_point, pages_inside};
+use super::pages::check_new_range;
 use super::shared::SharedPage;
+use page::Memory;
+use table::Table;
 
 mod dmabuf;
 mod evict;
-mod evict_ordered;
 mod exportable;
+mod page;
 mod retire;
+mod retiring;
 mod scoped;
+mod table;
 mod views;
 
 pub use evict::{Evicted, NotRestored};
-pub use evict_ordered::EvictedInFlight;
-pub use exportable::{ExportableBuffer, PageOptions};
-pub use scoped::{BufferRead, ScopedBuffer};
+pub use exportable::ExportableBuffer;
+pub use page::{BufferStats, PageInfo, PageOptions};
+pub use scoped::{EvictedInFlight, ScopedBuffer};
 
 /// What a range out of a buffer's bounds is out of, in errors.
 const BUDGET: &str = "virtual buffer's address budget";
-
-/// Counts of the driver calls a [`VirtualBuffer`] made on its pages, since it was created.
-///
-/// They make the buffer's cost visible: with an access set that never changes, every page mapped costs
-/// exactly one `cuMemMap` and one `cuMemSetAccess`, however often its bytes are viewed
-/// (`set_access_calls == pages_mapped`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct BufferStats {
-    /// `cuMemMap` calls, including refused ones.
-    pub map_calls: u64,
-    /// `cuMemUnmap` calls, including refused ones and those that undo a failed grant.
-    pub unmap_calls: u64,
-    /// `cuMemSetAccess` calls, including refused ones: one for each page mapped, and, when the access
-    /// set changes, one for each granted page to grant the new set and one for each to revoke the
-    /// devices that left it.
-    pub set_access_calls: u64,
-    /// Pages mapped and granted ([`VirtualBuffer::map_page`] and [`VirtualBuffer::grow`] that
-    /// succeeded).
-    pub pages_mapped: u64,
-    /// Pages unmapped and handed to `cuMemRelease`.
-    pub pages_released: u64,
-    /// Pages retired ([`VirtualBuffer::retire_after`], [`ScopedBuffer::retire`](super::ScopedBuffer::retire)):
-    /// released once the work queued before the retire has finished.
-    pub pages_retired: u64,
-    /// `cuEventRecord` calls of retires: one per stream the retire orders the release after.
-    pub events_recorded: u64,
-    /// Pages evicted ([`VirtualBuffer::evict`]): their bytes copied to host memory, then unmapped and
-    /// released (each also counts in `pages_released`).
-    pub pages_evicted: u64,
-    /// Pages restored ([`VirtualBuffer::restore`]): created, mapped and granted again (each also
-    /// counts in `pages_mapped`), their bytes copied back.
-    pub pages_restored: u64,
-}
-
-/// One page of a [`VirtualBuffer`], as [`VirtualBuffer::pages`] lists it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct PageInfo {
-    /// The page's first byte, counted from the buffer's base.
-    pub offset: usize,
-    /// The page's size in bytes: the size of its physical allocation.
-    pub size: usize,
-    /// The device whose memory backs the page.
-    pub device: Device,
-    /// Whether the buffer's access set is granted on the page. `false` only for a page whose grant
-    /// failed and whose unmapping failed too ([`Error::CleanupFailed`]): no view covers it, and it is
-    /// unmapped with the others.
-    pub granted: bool,
-    /// Whether the page is retired: no view covers it and no page is mapped over it, and it is
-    /// unmapped and released once the work queued before the retire has finished.
-    pub retired: bool,
-}
-
-/// The memory of a page: owned by the buffer, or a share of a [`SharedPage`] mapped elsewhere too.
-enum Memory {
-    Own(PhysicalAllocation),
-    Shared(SharedPage),
-}
-
-impl Memory {
-    fn allocation(&self) -> &PhysicalAllocation {
-        match self {
-            Memory::Own(memory) => memory,
-            Memory::Shared(page) => page.allocation(),
-        }
-    }
-
-    fn size(&self) -> usize {
-        self.allocation().size()
-    }
-
-    fn as_raw(&self) -> sys::CUmemGenericAllocationHandle {
-        self.allocation().as_raw()
-    }
-
-    /// `cuMemRelease` of owned memory; a share is dropped, and the memory released (by its last
-    /// share's drop, which ignores the driver's answer) where it was the last.
-    fn release_code(self) -> DriverResult<()> {
-        match self {
-            Memory::Own(memory) => memory.release_code(),
-            Memory::Shared(page) => match page.into_allocation() {
-                Ok(memory) => memory.release_code(),
-                Err(_shared_elsewhere) => Ok(()),
-            },
-        }
-    }
-}
-
-/// A page: a whole physical allocation mapped at `offset`.
-struct Page {
-    offset: usize,
-    memory: Memory,
-    /// The device the memory was created on (every page of a buffer is device memory).
-    device: Device,
-    granted: bool,
-    /// Retired: waiting for the events of its retire, then unmapped and released.
-    retired: bool,
-    /// [`Table::epoch`] when the page was mapped.
-    epoch: u64,
-}
-
-impl Span for Page {
-    fn start(&self) -> usize {
-        self.offset
-    }
-
-    /// `offset + size` was checked against the budget when the page was mapped, so it does not
-    /// overflow.
-    fn end(&self) -> usize {
-        self.offset.saturating_add(self.memory.size())
-    }
-
-    fn granted(&self) -> bool {
-        self.granted
-    }
-
-    fn retired(&self) -> bool {
-        self.retired
-    }
-
-    fn epoch(&self) -> u64 {
-        self.epoch
-    }
-}
-
-impl Page {
-    fn info(&self) -> PageInfo {
-        PageInfo {
-            offset: self.offset,
-            size: self.memory.size(),
-            device: self.device,
-            granted: self.granted,
-            retired: self.retired,
-        }
-    }
-}
-
-/// What can change through `&self`: the pages, behind the buffer's lock.
-#[derive(Default)]
-struct Table {
-    /// Sorted by offset, disjoint, inside `[0, budget)`.
-    pages: Vec<Page>,
-    stats: BufferStats,
-    /// The count of pages mapped so far: each page records it, and so does each view of a
-    /// [`ScopedBuffer`](super::ScopedBuffer), which then never covers a page mapped after it.
-    epoch: u64,
-    /// Retires whose events have not all been seen complete, oldest first.
-    retiring: Vec<Retiring>,
-    /// Events of finished retires, for the next ones.
-    spare_events: Vec<Event>,
-    /// The ranges a [`ScopedBuffer`](super::ScopedBuffer) lent, cleared when the next one is made.
-    claims: Claims,
-    /// Turned by each retire; its parity is the slot of `VirtualBuffer::lending` that admissions
-    /// count in.
-    generation: usize,
-    /// The byte ranges `[start, end)` of evicted pages, sorted and disjoint, none overlapping a page
-    /// that is not retired (an eviction inside a scope keeps its pages, retired, until their
-    /// release): no view, lend or new page reaches them until a restore maps them again.
-    evicted: Vec<(usize, usize)>,
-}
-
-impl Table {
-    /// The end of the last page or evicted range (0 where there is none).
-    fn end(&self) -> usize {
-        let pages = self.pages.last().map_or(0, Page::end);
-        let evicted = self.evicted.last().map_or(0, |e| e.1);
-        pages.max(evicted)
-    }
-}
-
-/// One retire: its pages (by offset) and an event recorded after the work it waits for, on each
-/// stream that work may run on. Its pages are unmapped and released once every event has completed.
-struct Retiring {
-    offsets: Vec<usize>,
-    events: Vec<Event>,
-    /// Host memory that the work reads (the source of a stream-ordered restore's copies), freed
-    /// with the retire: once every event has completed, or after the drop's wait for them.
-    host: Option<PinnedBuffer<u8>>,
-}
 
 /// A growable, address-stable buffer of device memory: one reserved address range (the *budget*),
 /// and pages of physical memory mapped into it and unmapped again at any offset, each granted to the
@@ -285,18 +117,20 @@ pub struct VirtualBuffer<M: AccessMode = ReadWrite> {
     /// The reserved range; `None` only within [`free`](VirtualBuffer::free), once it has been freed.
     /// Declared before `access`, so that it is freed before the contexts are released.
     reservation: Option<VirtualReservation>,
-    /// The pages, their counts and retires. Locked for each change through `&self` (a grow, a
-    /// retire, a scoped buffer's view) and for each view, for the length of the check.
+    /// The page table: the pages, their states, counts and retires. Locked for each change through
+    /// `&self` (a grow, a retire, a scoped buffer's view) and for each view, for the length of the
+    /// check.
     table: Mutex<Table>,
     /// Lends of a [`ScopedBuffer`](super::ScopedBuffer)'s views in progress: admitted (under the
-    /// lock), their work not queued yet, counted in the slot of [`Table::generation`]'s parity at
-    /// their admission. A retire turns the generation, lets go of the lock, and waits for the slot
-    /// of the old one to empty before it records its events, so that they come after that work;
-    /// lends admitted meanwhile count in the other slot (and cannot reach the retired pages).
+    /// lock), their work not queued yet, counted in the slot of the table's lend generation at
+    /// their admission ([`Table::admit`]). A retire turns the generation, lets go of the lock, and
+    /// waits for the slot of the old one to empty before it records its events, so that they come
+    /// after that work; lends admitted meanwhile count in the other slot (and cannot reach the
+    /// retired pages).
     lending: [AtomicUsize; 2],
     /// Held for the whole of a retire, so that two never wait on the same slot of `lending`.
-    retires: Mutex<()>,
-    /// Never empty; one context per device. Granted on every page whose `granted` is true.
+    one_retire: Mutex<()>,
+    /// Never empty; one context per device. Granted on every live page.
     access: Vec<Context>,
     /// The mode of the kept grants, at the type level only. `M` is a zero-sized, `Copy`, `Send`,
     /// `Sync`, `'static` marker ([`AccessMode`]), so this changes neither variance nor auto traits.
@@ -309,7 +143,7 @@ impl<M: AccessMode> fmt::Debug for VirtualBuffer<M> {
             .field("base", &format_args!("{:#x}", self.base))
             .field("budget", &self.budget)
             .field("mapped_bytes", &self.mapped_bytes())
-            .field("pages", &self.lock().pages.len())
+            .field("pages", &self.lock().page_count())
             .field("mode", &M::NAME)
             .field("devices", &self.devices())
             .finish_non_exhaustive()
@@ -357,15 +191,16 @@ impl<M: AccessMode> VirtualBuffer<M> {
             alignment = alignment.max(granularity);
         }
         let reservation = VirtualReservation::new(budget, alignment)?;
+        let base = reservation.base();
         Ok(VirtualBuffer {
-            base: reservation.base(),
+            base,
             budget,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             options,
             reservation: Some(reservation),
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table::new(base)),
             lending: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            retires: Mutex::new(()),
+            one_retire: Mutex::new(()),
             access,
             _mode: PhantomData,
         })
@@ -394,26 +229,19 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// they are released.
     #[must_use]
     pub fn mapped_bytes(&self) -> usize {
-        self.lock().pages.iter().map(|p| p.memory.size()).sum()
+        self.lock().mapped_bytes()
     }
 
     /// The bytes of retired pages not released yet.
     #[must_use]
     pub fn retired_bytes(&self) -> usize {
-        let table = self.lock();
-        table
-            .pages
-            .iter()
-            .filter(|p| p.retired)
-            .map(|p| p.memory.size())
-            .sum()
+        self.lock().retired_bytes()
     }
 
     /// The pages, in address order (a snapshot: pages may be mapped meanwhile through `&self`).
     #[must_use]
     pub fn pages(&self) -> impl ExactSizeIterator<Item = PageInfo> + use<M> {
-        let pages: Vec<PageInfo> = self.lock().pages.iter().map(Page::info).collect();
-        pages.into_iter()
+        self.lock().infos().into_iter()
     }
 
     /// The devices of the access set, in the order given.
@@ -431,7 +259,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// The counts of the driver calls this buffer made on its pages.
     #[must_use]
     pub fn stats(&self) -> BufferStats {
-        self.lock().stats
+        self.lock().stats()
     }
 
     /// The table, locked. No code of this crate panics while it holds the lock; a poisoned lock (a
@@ -460,20 +288,21 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// # Errors
     /// Before any driver call: [`Error::ZeroSize`], [`Error::NotAligned`] (offset, size or address
     /// not a multiple of the granularity), [`Error::Overflow`], [`Error::OutOfBounds`] (past the
-    /// budget) and [`Error::PageRange`] (over a mapped, retired or evicted page, which the error names). Then
-    /// the driver's error, e.g. [`DriverError::OUT_OF_MEMORY`] from `cuMemCreate`. On any error the
-    /// buffer is as it was: what was done for the page is undone (the grant, the mapping, the
-    /// memory). Where undoing fails too, the error is [`Error::CleanupFailed`]: if `cuMemUnmap`
-    /// failed, the page stays in the buffer, mapped but not granted ([`PageInfo::granted`] is
-    /// `false`), no view covers it, and [`unmap`](VirtualBuffer::unmap) or dropping the buffer tries
-    /// again; if `cuMemRelease` failed, nothing is mapped and the memory may be lost until the
-    /// process ends.
+    /// budget) and [`Error::PageRange`] (over a mapped, retired or evicted page, which the error
+    /// names). Then the driver's error, e.g.
+    /// [`DriverError::OUT_OF_MEMORY`](crate::error::DriverError::OUT_OF_MEMORY) from `cuMemCreate`.
+    /// On any error the buffer is as it was: what was done for the page is undone (the grant, the
+    /// mapping, the memory). Where undoing fails too, the error is [`Error::CleanupFailed`]: if
+    /// `cuMemUnmap` failed, the page stays in the buffer, mapped but not granted
+    /// ([`PageInfo::granted`] is `false`), no view covers it, and [`unmap`](VirtualBuffer::unmap)
+    /// or dropping the buffer tries again; if `cuMemRelease` failed, nothing is mapped and the
+    /// memory may be lost until the process ends.
     #[doc(alias = "cuMemCreate")]
     #[doc(alias = "cuMemMap")]
     #[doc(alias = "cuMemSetAccess")]
     pub fn map_page(&self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
         let mut table = self.lock();
-        self.reclaim_finished(&mut table);
+        table.reclaim_finished();
         self.map_new(&mut table, Some(offset), device, size)
             .map(drop)
     }
@@ -505,7 +334,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemSetAccess")]
     pub fn grow(&self, device: Device, size: usize) -> Result<usize, Error> {
         let mut table = self.lock();
-        self.reclaim_finished(&mut table);
+        table.reclaim_finished();
         self.map_new(&mut table, None, device, size)
     }
 
@@ -517,15 +346,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemUnmap")]
     #[doc(alias = "cuMemRelease")]
     pub fn shrink(&mut self) -> Result<Option<PageInfo>, Error> {
-        self.reclaim_all_finished();
-        let base = self.base;
         let table = self.table_mut();
-        let Some(info) = table.pages.last().map(Page::info) else {
-            return Ok(None);
-        };
-        let last = table.pages.len().saturating_sub(1);
-        unmap_span(base, table, last..table.pages.len())?;
-        Ok(Some(info))
+        table.reclaim_finished();
+        table.shrink()
     }
 
     /// `cuMemUnmap`, `cuMemRelease` — unmap every page inside the byte range `range` and release its
@@ -547,11 +370,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemRelease")]
     pub fn unmap(&mut self, range: impl RangeBounds<usize>) -> Result<usize, Error> {
         let (start, end) = range_bounds(range, self.budget, BUDGET)?;
-        self.reclaim_all_finished();
-        let base = self.base;
         let table = self.table_mut();
-        let span = pages_inside(&table.pages, start, end)?;
-        unmap_span(base, table, span)
+        table.reclaim_finished();
+        table.unmap(start, end)
     }
 
     /// `cuMemSetAccess` — make `devices` the access set, in the buffer's mode, on every mapped page
@@ -574,52 +395,13 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemSetAccess")]
     pub fn set_access(&mut self, devices: &[Device]) -> Result<(), Error> {
         let new = retain_distinct(devices)?;
-        let base = self.base;
-        let access = &self.access;
         let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let joining: Vec<&Context> = new
-            .iter()
-            .filter(|c| !access.iter().any(|o| o.device() == c.device()))
-            .collect();
-        let leaving: Vec<&Context> = access
-            .iter()
-            .filter(|o| !new.iter().any(|c| c.device() == o.device()))
-            .collect();
-        let stats = &mut table.stats;
-        let pages = &table.pages;
-        let granted = || pages.iter().filter(|p| p.granted && !p.retired);
-        let mut done = 0usize;
-        for page in granted() {
-            bump(&mut stats.set_access_calls);
-            let address = base.wrapping_add(page.offset as u64);
-            let size = page.memory.size();
-            if let Err(error) = with_contexts(&new, |c| set_access(address, size, c, M::FLAGS)) {
-                // Also the refused page: the driver may have applied part of the call.
-                let cleanup = if joining.is_empty() {
-                    Ok(())
-                } else {
-                    first_error(granted().take(done.saturating_add(1)).map(|p| {
-                        bump(&mut stats.set_access_calls);
-                        revoke(base, p, &joining)
-                    }))
-                };
-                return Err(with_cleanup(error, cleanup, "access change"));
-            }
-            done = done.saturating_add(1);
-        }
-        let revoked = if leaving.is_empty() {
-            Ok(())
-        } else {
-            first_error(granted().map(|p| {
-                bump(&mut stats.set_access_calls);
-                revoke(base, p, &leaving)
-            }))
-        };
-        // Every granted page grants the new set now (also where a revoke failed): record it. The old
+        let revoked = table.regrant(&self.access, &new, M::FLAGS)?;
+        // Every live page grants the new set now (also where a revoke failed): record it. The old
         // contexts are released here, after the last driver call that named them; retired pages,
         // which keep the old grants, need no context to be unmapped.
         self.access = new;
-        Ok(revoked?)
+        revoked
     }
 
     /// Checks a new page and maps it: at `offset`, or after the last page. Its offset.
@@ -634,10 +416,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let options = self.options.for_device(device);
         let granularity = options.minimum_granularity_cached()?;
         let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
-        evict::check_not_evicted(&table.evicted, offset, end)?;
-        let index = insertion_point(&table.pages, offset, end)?;
+        table.check_vacant(offset, end)?;
         let memory = PhysicalAllocation::with_options(size, options)?;
-        self.map_at(table, index, offset, Memory::Own(memory), device)?;
+        table.map(offset, Memory::Own(memory), device, &self.access, M::FLAGS)?;
         Ok(offset)
     }
 
@@ -684,7 +465,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             });
         };
         let mut table = self.lock();
-        self.reclaim_finished(&mut table);
+        table.reclaim_finished();
         let granularity = granularity(device)?.max(page.granularity());
         let end = check_new_range(
             (self.base, self.budget, BUDGET),
@@ -692,110 +473,20 @@ impl<M: AccessMode> VirtualBuffer<M> {
             page.size(),
             granularity,
         )?;
-        evict::check_not_evicted(&table.evicted, offset, end)?;
-        let index = insertion_point(&table.pages, offset, end)?;
-        self.map_at(
-            &mut table,
-            index,
+        table.check_vacant(offset, end)?;
+        table.map(
             offset,
             Memory::Shared(page.clone()),
             device,
+            &self.access,
+            M::FLAGS,
         )
     }
 
-    /// `cuMemMap` and `cuMemSetAccess` of `memory` at `offset` (checked by `map_new`, which found
-    /// `index`); undone on failure.
-    fn map_at(
-        &self,
-        table: &mut Table,
-        index: usize,
-        offset: usize,
-        memory: Memory,
-        device: Device,
-    ) -> Result<(), Error> {
-        let address = self.base.wrapping_add(offset as u64);
-        let size = memory.size();
-        bump(&mut table.stats.map_calls);
-        // SAFETY: `[address, address + size)` lies inside this buffer's reservation (checked against
-        // the budget), which only this buffer maps into, and overlaps none of its pages, retired
-        // ones included (checked, under the lock that every change of the pages holds); both ends
-        // are multiples of the memory's granularity (checked). `memory` is a live allocation handle
-        // of `size` bytes, owned here or shared (a share held, so it is not released while mapped);
-        // offset 0 and flags 0 as the driver requires.
-        if let Err(error) = check(unsafe { sys::cuMemMap(address, size, 0, memory.as_raw(), 0) }) {
-            return Err(with_cleanup(error, memory.release_code(), "page mapping"));
-        }
-        table.epoch = table.epoch.saturating_add(1);
-        let epoch = table.epoch;
-        bump(&mut table.stats.set_access_calls);
-        if let Err(error) = with_contexts(&self.access, |c| set_access(address, size, c, M::FLAGS))
-        {
-            bump(&mut table.stats.unmap_calls);
-            // SAFETY: `[address, address + size)` was mapped just above, by this call, and is unmapped
-            // once here; nothing has seen its address (the lock is held).
-            if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
-                // Still mapped, perhaps partly granted: kept, so that the next unmap of its range or
-                // drop unmaps it, and marked so that no view covers it.
-                table.pages.insert(
-                    index,
-                    Page {
-                        offset,
-                        memory,
-                        device,
-                        granted: false,
-                        retired: false,
-                        epoch,
-                    },
-                );
-                return Err(Error::CleanupFailed {
-                    error,
-                    cleanup,
-                    what: "page mapping",
-                });
-            }
-            return Err(with_cleanup(error, memory.release_code(), "page mapping"));
-        }
-        table.pages.insert(
-            index,
-            Page {
-                offset,
-                memory,
-                device,
-                granted: true,
-                retired: false,
-                epoch,
-            },
-        );
-        bump(&mut table.stats.pages_mapped);
-        Ok(())
-    }
-
-    /// Unmaps every page, then releases every page's memory: every page is tried, after every retire
-    /// has been waited for. The first error.
+    /// Waits for every retire, unmaps every page, then releases every page's memory: every page
+    /// is tried. The first error.
     fn teardown(&mut self) -> Result<(), Error> {
-        let waited = self.wait_retires();
-        let base = self.base;
-        let table = self.table_mut();
-        let pages = core::mem::take(&mut table.pages);
-        let stats = &mut table.stats;
-        let unmapped = first_error(pages.iter().map(|page| {
-            bump(&mut stats.unmap_calls);
-            // SAFETY: each page's whole mapping, made by `map_at`, unmapped once: the pages have left
-            // the buffer. No view lives (`&mut self`, or drop), and every retire's work has finished
-            // (waited for just above: the wait returns only then, or aborts).
-            check(unsafe {
-                sys::cuMemUnmap(base.wrapping_add(page.offset as u64), page.memory.size())
-            })
-        }));
-        // Released after every unmap was tried: where an unmap failed, the driver keeps the memory
-        // until that range is unmapped, which then never happens (a leak, not a dangling mapping).
-        let released = first_error(pages.into_iter().map(|page| {
-            bump(&mut stats.pages_released);
-            page.memory.release_code()
-        }));
-        waited
-            .and(unmapped.map_err(Error::from))
-            .and(released.map_err(Error::from))
+        self.table_mut().teardown()
     }
 
     /// `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree` — wait for the work of every retire, unmap
@@ -830,85 +521,7 @@ impl<M: AccessMode> Drop for VirtualBuffer<M> {
     }
 }
 
-/// Unmaps and releases `table.pages[span]`, every one tried; the pages the driver refuses to unmap
-/// stay. A retired page in the span is refused before any driver call.
-fn unmap_span(base: u64, table: &mut Table, span: Range<usize>) -> Result<usize, Error> {
-    let Some(pages) = table.pages.get(span.clone()) else {
-        return Ok(0);
-    };
-    if let Some(page) = pages.iter().find(|p| p.retired) {
-        return Err(Error::PageRange {
-            start: page.offset,
-            end: page.end(),
-            problem: RETIRED,
-        });
-    }
-    let mut kept = Vec::new();
-    let mut first: DriverResult<()> = Ok(());
-    let mut unmapped = 0usize;
-    for page in table.pages.drain(span.clone()) {
-        bump(&mut table.stats.unmap_calls);
-        let address = base.wrapping_add(page.offset as u64);
-        // SAFETY: `[address, address + size)` is the page's whole mapping, made by `map_at` and
-        // unmapped once: the page leaves the buffer below unless the driver refuses. It is not
-        // retired (checked), so no work of a retire can use it; no view lives (`&mut self`), and
-        // every copy through one finished before it returned.
-        let result = check(unsafe { sys::cuMemUnmap(address, page.memory.size()) });
-        let result = match result {
-            Ok(()) => {
-                unmapped = unmapped.saturating_add(1);
-                bump(&mut table.stats.pages_released);
-                page.memory.release_code()
-            }
-            Err(error) => {
-                kept.push(page);
-                Err(error)
-            }
-        };
-        if first.is_ok() {
-            first = result;
-        }
-    }
-    // Back where they were: `kept` is sorted and lies inside the drained span.
-    table.pages.splice(span.start..span.start, kept);
-    first?;
-    Ok(unmapped)
-}
-
 /// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device).
 fn granularity(device: Device) -> Result<usize, Error> {
     AllocationOptions::device(device).minimum_granularity_cached()
-}
-
-/// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole of `page`.
-fn revoke(base: u64, page: &Page, contexts: &[&Context]) -> DriverResult<()> {
-    // An empty list revokes nothing (callers pass the non-empty joining or leaving devices).
-    Contexts::many(contexts).map_or(Ok(()), |contexts| {
-        set_access(
-            base.wrapping_add(page.offset as u64),
-            page.memory.size(),
-            contexts,
-            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-        )
-    })
-}
-
-/// `error`, or [`Error::CleanupFailed`] where undoing `what` failed too.
-pub(super) fn with_cleanup(
-    error: DriverError,
-    cleanup: DriverResult<()>,
-    what: &'static str,
-) -> Error {
-    match cleanup {
-        Ok(()) => Error::Driver(error),
-        Err(cleanup) => Error::CleanupFailed {
-            error,
-            cleanup,
-            what,
-        },
-    }
-}
-
-fn bump(count: &mut u64) {
-    *count = count.saturating_add(1);
 }

@@ -7,10 +7,9 @@ use core::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::buffer::with_cleanup;
 use super::mapping::OwnedMapping;
 use crate::device::{Context, Device};
-use crate::error::Error;
+use crate::error::{Error, with_cleanup};
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 use crate::vmm::access::{AccessMode, ReadWrite, elements, revoke, set_access};
@@ -407,7 +406,7 @@ fn check_joined(parts: &[Part]) -> Result<(usize, usize), Error> {
 #[cfg(test)]
 mod tests {
     use super::{Part, check_joined};
-    use crate::Error;
+    use crate::error::Error;
 
     fn part(start: usize, end: usize) -> Part {
         Part {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::device::Context;
 use crate::error::{Error, check};
 use crate::sys;
-use crate::vmm::access::{Access, AccessMode, ScopedAccess};
+use crate::vmm::access::{Access, AccessMode, RevocableAccess};
 use crate::vmm::mapped::{Backing, MappedRange};
 use crate::vmm::physical::PhysicalAllocation;
 use crate::vmm::reservation::VirtualReservation;
@@ -423,8 +423,9 @@ impl OwnedMapping {
     }
 
     /// `cuMemSetAccess` — grant every device of `contexts` access until the returned grant ends; as
-    /// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped): when the [`ScopedAccess`] ends, each
-    /// granted context is synchronised, then every granted device is set back to no access.
+    /// [`Mapping::grant_revocable`](crate::Mapping::grant_revocable): when the [`RevocableAccess`]
+    /// ends, each granted context is synchronised, then every granted device is set back to no
+    /// access.
     ///
     /// # Examples
     /// ```no_run
@@ -437,9 +438,9 @@ impl OwnedMapping {
     /// let reservation = SharedReservation::new(page, 0)?;
     /// let mut mapping = reservation.map(0, PhysicalAllocation::new(device, page)?)?;
     /// let contexts = [&context];
-    /// let mut scoped = mapping.grant_scoped(&contexts, ReadWrite)?;
-    /// scoped.slice_mut::<u8>()?.copy_from_host(&vec![1; page])?;
-    /// scoped.revoke()?; // the device has no access again; the mapping can be granted anew
+    /// let mut grant = mapping.grant_revocable(&contexts, ReadWrite)?;
+    /// grant.slice_mut::<u8>()?.copy_from_host(&vec![1; page])?;
+    /// grant.revoke()?; // the device has no access again; the mapping can be granted anew
     /// let access = mapping.grant(&context, ReadWrite)?;
     /// assert_eq!(access.slice::<u8>()?.to_vec()?, vec![1; page]);
     /// # Ok(())
@@ -447,14 +448,14 @@ impl OwnedMapping {
     /// ```
     ///
     /// # Errors
-    /// As [`Mapping::grant_scoped`](crate::Mapping::grant_scoped).
+    /// As [`Mapping::grant_revocable`](crate::Mapping::grant_revocable).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_scoped<'map, M: AccessMode>(
+    pub fn grant_revocable<'map, M: AccessMode>(
         &'map mut self,
         contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'map, M>, Error> {
-        self.range.grant_scoped(contexts, mode)
+    ) -> Result<RevocableAccess<'map, M>, Error> {
+        self.range.grant_revocable(contexts, mode)
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the memory

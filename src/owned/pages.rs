@@ -1,6 +1,9 @@
 //! The bookkeeping of mapped byte ranges shared by the owned layer: where a new mapping goes, which
-//! ranges a view or an unmap covers. Pure integer arithmetic over sorted, disjoint ranges, so that it
-//! is property-tested without a driver (and under Miri).
+//! ranges a view or an unmap covers, which are evicted. Pure integer arithmetic over sorted,
+//! disjoint ranges, so that it is property-tested without a driver (and under Miri). A
+//! [`VirtualBuffer`](super::VirtualBuffer)'s page table (`buffer/table.rs`) and a
+//! [`SharedReservation`](super::SharedReservation)'s record of its mappings both read their ranges
+//! through [`Span`].
 
 use core::ops::Range;
 
@@ -18,6 +21,16 @@ pub(super) trait Span {
     fn retired(&self) -> bool {
         false
     }
+    /// Evicted: the range's bytes are in host memory until a restore maps it again (its page may
+    /// still be mapped, retired, until the work queued before the eviction has finished). No view,
+    /// lend or new page reaches it. An evicted range holds no page to unmap or to cut in two.
+    fn evicted(&self) -> bool {
+        false
+    }
+    /// Whether a page is mapped here: false only for an evicted range whose page was released.
+    fn mapped(&self) -> bool {
+        true
+    }
     /// The count of pages mapped before this one, when it was mapped: a view made at an earlier
     /// count never covers it.
     fn epoch(&self) -> u64 {
@@ -28,6 +41,36 @@ pub(super) trait Span {
 /// What a retired page's bytes are, in errors.
 pub(super) const RETIRED: &str =
     "are retired: released once the work queued before the retire has finished";
+
+/// What an evicted range's bytes are, in errors.
+pub(super) const EVICTED: &str =
+    "are evicted: their bytes are in host memory until VirtualBuffer::restore maps them again";
+
+/// Refuses `[start, end)` where it shares a byte with an evicted range of `spans` (sorted,
+/// disjoint), naming the first such range. An empty range shares none.
+pub(super) fn check_not_evicted<S: Span>(
+    spans: &[S],
+    start: usize,
+    end: usize,
+) -> Result<(), Error> {
+    if start >= end {
+        return Ok(());
+    }
+    let first = spans.partition_point(|s| s.end() <= start);
+    let overlapping = spans.get(first..).unwrap_or_default();
+    match overlapping
+        .iter()
+        .take_while(|s| s.start() < end)
+        .find(|s| s.evicted())
+    {
+        Some(span) => Err(Error::PageRange {
+            start: span.start(),
+            end: span.end(),
+            problem: EVICTED,
+        }),
+        None => Ok(()),
+    }
+}
 
 /// Where a new page `[offset, end)` goes in `pages` (sorted, disjoint, `offset < end`); the mapped
 /// page it would overlap is an error.
@@ -43,7 +86,9 @@ pub(super) fn insertion_point<S: Span>(
             return Err(Error::PageRange {
                 start: page.start(),
                 end: page.end(),
-                problem: if page.retired() {
+                problem: if page.evicted() {
+                    EVICTED
+                } else if page.retired() {
                     RETIRED
                 } else {
                     "are mapped already"
@@ -73,7 +118,9 @@ pub(super) fn check_covered_at<S: Span>(
     while at < end {
         let hole_end = match pages.get(index) {
             Some(page) if page.start() <= at => {
-                let problem = if page.retired() {
+                let problem = if page.evicted() {
+                    Some(EVICTED)
+                } else if page.retired() {
                     Some(RETIRED)
                 } else if page.epoch() > epoch {
                     Some("are a page mapped after the view was made, in a range retired before")
@@ -106,7 +153,8 @@ pub(super) fn check_covered_at<S: Span>(
 }
 
 /// The indices of the pages of `pages` (sorted, disjoint) that lie inside `[start, end)`; a page that
-/// straddles either end is an error.
+/// straddles either end is an error. An evicted range (which holds no page of its own) may straddle
+/// an end: the indices then include it, and the caller leaves it as it is.
 pub(super) fn pages_inside<S: Span>(
     pages: &[S],
     start: usize,
@@ -117,19 +165,18 @@ pub(super) fn pages_inside<S: Span>(
         return Ok(first..first);
     }
     let last = pages.partition_point(|p| p.start() < end).max(first);
+    let inside = pages.get(first..last).unwrap_or_default();
     let ends = [
-        pages.get(first),
-        last.checked_sub(1).and_then(|i| pages.get(i)),
+        inside.iter().find(|p| p.mapped()),
+        inside.iter().rev().find(|p| p.mapped()),
     ];
-    if first < last {
-        for page in ends.into_iter().flatten() {
-            if page.start() < start || page.end() > end {
-                return Err(Error::PageRange {
-                    start: page.start(),
-                    end: page.end(),
-                    problem: "are one page, which the range would cut in two: unmap it whole",
-                });
-            }
+    for page in ends.into_iter().flatten() {
+        if page.start() < start || page.end() > end {
+            return Err(Error::PageRange {
+                start: page.start(),
+                end: page.end(),
+                problem: "are one page, which the range would cut in two: unmap it whole",
+            });
         }
     }
     Ok(first..last)
@@ -257,345 +304,4 @@ pub(super) fn check_new_range(
 }
 
 #[cfg(test)]
-mod claims {
-    use super::Claims;
-    use crate::Error;
-
-    fn problem(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
-        match result {
-            Ok(()) => None,
-            Err(Error::PageRange {
-                start,
-                end,
-                problem,
-            }) => Some((start, end, problem)),
-            Err(e) => panic!("unexpected {e}"),
-        }
-    }
-
-    #[test]
-    fn writes_are_exclusive_and_reads_shared() {
-        let mut claims = Claims::default();
-        assert_eq!(problem(claims.write(0, 10)), None);
-        assert_eq!(
-            problem(claims.write(10, 20)),
-            None,
-            "adjacent writes share no byte"
-        );
-        assert_eq!(
-            problem(claims.write(5, 15)),
-            Some((5, 10, "are lent for writing")),
-            "the first claim it meets, and only the shared bytes"
-        );
-        assert_eq!(
-            problem(claims.read(15, 25)),
-            Some((15, 20, "are lent for writing"))
-        );
-        assert_eq!(problem(claims.read(20, 30)), None);
-        assert_eq!(problem(claims.read(20, 30)), None, "a range read twice");
-        assert_eq!(problem(claims.read(40, 50)), None);
-        assert_eq!(problem(claims.read(30, 40)), None, "merges the three");
-        assert_eq!(claims.reads, vec![(20, 50)]);
-        assert_eq!(
-            problem(claims.write(45, 60)),
-            Some((45, 50, "are lent for reading"))
-        );
-        assert_eq!(
-            problem(claims.write(7, 7)),
-            None,
-            "an empty range claims nothing"
-        );
-    }
-
-    #[test]
-    fn a_retired_range_frees_its_claims() {
-        let mut claims = Claims::default();
-        claims.write(0, 10).unwrap();
-        claims.write(10, 30).unwrap();
-        claims.read(30, 60).unwrap();
-        claims.forget(20, 40);
-        assert_eq!(
-            claims.writes,
-            vec![(0, 10)],
-            "a write that shares a byte goes whole"
-        );
-        assert_eq!(claims.reads, vec![(40, 60)]);
-        claims.read(10, 20).unwrap();
-        claims.forget(45, 50);
-        assert_eq!(
-            claims.reads,
-            vec![(10, 20), (40, 45), (50, 60)],
-            "cut in two"
-        );
-        claims.clear();
-        assert_eq!(problem(claims.write(0, 100)), None);
-    }
-}
-
-#[cfg(test)]
-mod retired {
-    use super::{RETIRED, Span, check_covered_at, insertion_point};
-    use crate::Error;
-
-    /// `[start, end)`, retired, epoch.
-    struct R(usize, usize, bool, u64);
-
-    impl Span for R {
-        fn start(&self) -> usize {
-            self.0
-        }
-        fn end(&self) -> usize {
-            self.1
-        }
-        fn granted(&self) -> bool {
-            true
-        }
-        fn retired(&self) -> bool {
-            self.2
-        }
-        fn epoch(&self) -> u64 {
-            self.3
-        }
-    }
-
-    fn refusal(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
-        match result {
-            Err(Error::PageRange {
-                start,
-                end,
-                problem,
-            }) => Some((start, end, problem)),
-            Ok(()) => None,
-            Err(e) => panic!("unexpected {e}"),
-        }
-    }
-
-    #[test]
-    fn retired_and_later_pages_give_no_view_and_take_no_page() {
-        let pages = [R(0, 4, false, 1), R(4, 8, true, 2), R(8, 12, false, 5)];
-        assert_eq!(refusal(check_covered_at(&pages, 0, 4, 1)), None);
-        assert_eq!(
-            refusal(check_covered_at(&pages, 2, 6, 9)),
-            Some((4, 8, RETIRED))
-        );
-        let later = refusal(check_covered_at(&pages, 8, 12, 4)).map(|r| (r.0, r.1));
-        assert_eq!(
-            later,
-            Some((8, 12)),
-            "mapped at epoch 5, after a view of epoch 4"
-        );
-        assert_eq!(refusal(check_covered_at(&pages, 8, 12, 5)), None);
-        match insertion_point(&pages, 4, 8) {
-            Err(Error::PageRange { problem, .. }) => assert_eq!(problem, RETIRED),
-            other => panic!("a retired range took a page: {other:?}"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Span, check_covered, check_new_range, insertion_point, pages_inside};
-    use crate::Error;
-    use proptest::prelude::*;
-
-    /// A page of the model: `[start, end)` in units, and whether it is granted.
-    #[derive(Debug, Clone, Copy)]
-    struct P(usize, usize, bool);
-
-    impl Span for P {
-        fn start(&self) -> usize {
-            self.0
-        }
-        fn end(&self) -> usize {
-            self.1
-        }
-        fn granted(&self) -> bool {
-            self.2
-        }
-    }
-
-    /// Sorted, disjoint pages from (gap, length, granted) triples.
-    fn layout(parts: &[(usize, usize, bool)]) -> Vec<P> {
-        let mut at = 0;
-        parts
-            .iter()
-            .map(|&(gap, len, granted)| {
-                let start = at + gap;
-                at = start + len;
-                P(start, at, granted)
-            })
-            .collect()
-    }
-
-    fn parts() -> impl Strategy<Value = Vec<(usize, usize, bool)>> {
-        proptest::collection::vec((0usize..3, 1usize..4, proptest::bool::weighted(0.9)), 0..8)
-    }
-
-    fn covering(pages: &[P], unit: usize) -> Option<&P> {
-        pages.iter().find(|p| p.0 <= unit && unit < p.1)
-    }
-
-    proptest! {
-        /// A new page is accepted exactly where it overlaps no page, and goes where the order stays
-        /// sorted; a refusal names a page it overlaps.
-        #[test]
-        fn insertion_point_accepts_exactly_the_free_ranges(parts in parts(), offset in 0usize..40, len in 1usize..6) {
-            let pages = layout(&parts);
-            let end = offset + len;
-            let free = pages.iter().all(|p| p.1 <= offset || p.0 >= end);
-            match insertion_point(&pages, offset, end) {
-                Ok(index) => {
-                    prop_assert!(free);
-                    prop_assert!(pages[..index].iter().all(|p| p.1 <= offset));
-                    prop_assert!(pages[index..].iter().all(|p| p.0 >= end));
-                }
-                Err(Error::PageRange { start, end: page_end, .. }) => {
-                    prop_assert!(!free);
-                    prop_assert!(pages.iter().any(|p| p.0 == start && p.1 == page_end));
-                    prop_assert!(start < end && page_end > offset, "the named page overlaps");
-                }
-                Err(e) => prop_assert!(false, "unexpected error {e}"),
-            }
-        }
-
-        /// A view's range is accepted exactly where granted pages cover every byte of it; a refusal
-        /// names a hole inside the range or a page that is not granted.
-        #[test]
-        fn check_covered_accepts_exactly_the_granted_runs(parts in parts(), start in 0usize..40, len in 0usize..20) {
-            let pages = layout(&parts);
-            let end = start + len;
-            let covered = (start..end).all(|u| covering(&pages, u).is_some_and(|p| p.2));
-            match check_covered(&pages, start, end) {
-                Ok(()) => prop_assert!(covered),
-                Err(Error::PageRange { start: s, end: e, problem }) => {
-                    prop_assert!(!covered);
-                    prop_assert!(s < e);
-                    if problem == "are not mapped" {
-                        prop_assert!(start <= s && e <= end);
-                        prop_assert!((s..e).all(|u| covering(&pages, u).is_none()), "a hole");
-                    } else {
-                        prop_assert!(pages.iter().any(|p| (p.0, p.1, p.2) == (s, e, false)));
-                    }
-                }
-                Err(e) => prop_assert!(false, "unexpected error {e}"),
-            }
-        }
-
-        /// An unmap is accepted exactly where no page straddles an end of the range, and takes exactly
-        /// the pages inside it.
-        #[test]
-        fn pages_inside_takes_exactly_the_pages_inside(parts in parts(), start in 0usize..40, len in 0usize..20) {
-            let pages = layout(&parts);
-            let end = start + len;
-            let cut = len > 0 && pages.iter().any(|p| p.0 < end && p.1 > start && (p.0 < start || p.1 > end));
-            match pages_inside(&pages, start, end) {
-                Ok(span) => {
-                    prop_assert!(!cut);
-                    let inside: Vec<usize> = (0..pages.len())
-                        .filter(|&i| len > 0 && pages[i].0 >= start && pages[i].1 <= end)
-                        .collect();
-                    prop_assert_eq!(span.clone().collect::<Vec<_>>(), inside);
-                    prop_assert!(span.end <= pages.len());
-                }
-                Err(Error::PageRange { start: s, end: e, .. }) => {
-                    prop_assert!(cut);
-                    prop_assert!(pages.iter().any(|p| p.0 == s && p.1 == e));
-                }
-                Err(e) => prop_assert!(false, "unexpected error {e}"),
-            }
-        }
-    }
-
-    #[test]
-    fn new_ranges_are_checked_before_the_driver() {
-        let g = 2 << 20;
-        let range = (64 * g as u64, 8 * g, "reservation");
-        assert_eq!(check_new_range(range, 2 * g, 3 * g, g), Ok(5 * g));
-        assert_eq!(check_new_range(range, 5 * g, 3 * g, g), Ok(8 * g));
-        assert!(matches!(
-            check_new_range(range, 0, 0, g),
-            Err(Error::ZeroSize { .. })
-        ));
-        assert!(matches!(
-            check_new_range(range, 0, g + 1, g),
-            Err(Error::NotAligned {
-                what: "mapping size",
-                ..
-            })
-        ));
-        assert!(matches!(
-            check_new_range(range, g / 2, g, g),
-            Err(Error::NotAligned {
-                what: "mapping offset",
-                ..
-            })
-        ));
-        assert_eq!(
-            check_new_range(range, 6 * g, 3 * g, g),
-            Err(Error::OutOfBounds {
-                what: "reservation",
-                start: 6 * g,
-                end: 9 * g,
-                len: 8 * g
-            })
-        );
-        assert!(matches!(
-            check_new_range(range, usize::MAX - g + 1, g, g),
-            Err(Error::Overflow { .. })
-        ));
-        // A base aligned for one granularity but not for a larger one.
-        let odd_base = (g as u64, 8 * g, "reservation");
-        assert!(matches!(
-            check_new_range(odd_base, 2 * g, 2 * g, 2 * g),
-            Err(Error::NotAligned {
-                what: "mapping address",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn hole_and_overlap_errors_name_the_bytes() {
-        let pages = [P(0, 2, true), P(4, 6, true), P(6, 8, false)];
-        assert_eq!(
-            check_covered(&pages, 1, 5),
-            Err(Error::PageRange {
-                start: 2,
-                end: 4,
-                problem: "are not mapped"
-            })
-        );
-        assert!(check_covered(&pages, 4, 6).is_ok());
-        assert!(matches!(
-            check_covered(&pages, 5, 7),
-            Err(Error::PageRange {
-                start: 6,
-                end: 8,
-                ..
-            })
-        ));
-        assert!(matches!(
-            insertion_point(&pages, 1, 3),
-            Err(Error::PageRange {
-                start: 0,
-                end: 2,
-                ..
-            })
-        ));
-        assert_eq!(insertion_point(&pages, 2, 4), Ok(1));
-        assert_eq!(pages_inside(&pages, 2, 8), Ok(1..3));
-        assert!(matches!(
-            pages_inside(&pages, 5, 8),
-            Err(Error::PageRange {
-                start: 4,
-                end: 6,
-                ..
-            })
-        ));
-        assert_eq!(
-            pages_inside(&pages, 1, 1),
-            Ok(0..0),
-            "an empty range cuts nothing"
-        );
-    }
-}
+mod tests;

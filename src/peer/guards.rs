@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 
-use super::Pair;
+/// A `(from, to)` direction, by device ordinal. Every context of this crate is its device's primary
+/// context, so a device names its context.
+pub(super) type Pair = (i32, i32);
 
 /// One direction with live guards, or whose last guard is waiting for its context before the disable.
 #[derive(Debug)]
@@ -138,8 +140,7 @@ impl<H> GuardCounts<H> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Closing, GuardCounts};
-    use crate::peer::Pair;
+    use super::{Closing, GuardCounts, Pair};
     use proptest::prelude::*;
     use proptest::test_runner::TestCaseError;
     use std::collections::{HashMap, HashSet};

@@ -78,8 +78,8 @@ pub const STAGING_CHUNK_BYTES: usize = 8 << 20;
 ///
 /// To copy between two devices at the link's speed, open the source to the destination's device for
 /// as long as the copies run, and copy from the view that the opening gives:
-/// - VMM memory: [`Mapping::grant_scoped`](crate::Mapping::grant_scoped) (or `grant_all`) naming both
-///   devices; the scoped grant is revoked when it ends.
+/// - VMM memory: [`Mapping::grant_revocable`](crate::Mapping::grant_revocable) (or `grant_all`)
+///   naming both devices; the revocable grant is revoked when it ends.
 /// - `cuMemAlloc` memory ([`DeviceBuffer`](crate::DeviceBuffer)): [`PeerAccess::open`](crate::PeerAccess::open)
 ///   from the destination's context to the source's, then
 ///   [`peer_slice`](crate::DeviceBuffer::peer_slice); access ends with the guard. Enabling peer

@@ -32,7 +32,7 @@ use core::ptr;
 
 use bytemuck::Pod;
 
-use crate::device::Context;
+use crate::device::{Context, Device};
 use crate::error::{DriverResult, Error, check};
 use crate::module::Function;
 use crate::sys;
@@ -49,6 +49,7 @@ use super::scope::ScopedStream;
 
 mod park;
 
+pub(crate) use park::Covers;
 pub use park::{NotRebound, ParkedGraph, Rebind};
 
 /// Work captured from typed operations and instantiated, replayed by
@@ -59,8 +60,9 @@ pub use park::{NotRebound, ParkedGraph, Rebind};
 ///   copies, memsets and launches take the same views and host memory as a [`ScopedStream`]'s and
 ///   borrow them for `'g`, the graph's lifetime. While the graph lives, nothing it uses can be
 ///   unmapped, regranted, shrunk or dropped, and a writable view it writes is not used elsewhere.
-///   Memory that can leave while a scope lasts (the views of a
-///   [`ScopedBuffer`](crate::owned::ScopedBuffer), a [`Rewritable`](super::Rewritable)) is not
+///   Memory that can leave while a scope lasts (the views of a buffer lent to a scope,
+///   [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope), a
+///   [`Rewritable`](super::Rewritable)) is not
 ///   captured ([`Error::StreamRefused`]). Pages mapped elsewhere in the same
 ///   [`VirtualBuffer`](crate::VirtualBuffer) (`grow` takes `&self`) disturb no captured address.
 /// - **Replays are scoped.** A replay borrows the graph for its scope, which waits for it: no
@@ -335,7 +337,7 @@ impl<'g> Graph<'g> {
         let mut touched = Vec::new();
         let set = args.launch_with(
             sealed::Token::new(
-                super::lend::StreamId::new(inner.context.as_raw(), ptr::null_mut()),
+                super::StreamId::new(inner.context.as_raw(), ptr::null_mut()),
                 true,
             ),
             |params, touches| {
@@ -380,7 +382,7 @@ impl<'g> Graph<'g> {
 
     /// The device the graph runs on.
     #[must_use]
-    pub fn device(&self) -> crate::Device {
+    pub fn device(&self) -> Device {
         self.inner.context.device()
     }
 
@@ -388,18 +390,6 @@ impl<'g> Graph<'g> {
     #[must_use]
     pub fn kernels(&self) -> usize {
         self.inner.kernels.len()
-    }
-
-    /// Park the graph: keep its instantiation and let go of everything it borrows, so that the
-    /// memory it uses can be evicted, unmapped or regranted meanwhile. No driver call. A
-    /// [`ParkedGraph`] cannot be launched; [`ParkedGraph::rebind`] gives a [`Graph`] again once
-    /// the memory it touches is given back, mapped and granted.
-    ///
-    /// # Examples
-    /// See [`ParkedGraph`].
-    #[must_use = "a parked graph is launched only once rebound"]
-    pub fn park(self) -> ParkedGraph {
-        ParkedGraph::new(self.inner)
     }
 
     /// `cuGraphLaunch` on `stream`, for [`ScopedStream::launch_graph`], which checks the device and

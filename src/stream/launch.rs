@@ -78,8 +78,7 @@ read_arg!(
     DeviceSlice<'scope, T>,
     &'scope DeviceSlice<'_, T>,
     &'scope DeviceSliceMut<'_, T>,
-    DeviceInFlight<'scope, T>,
-    crate::owned::BufferRead<'scope, T>
+    DeviceInFlight<'scope, T>
 );
 
 /// `KernelArg` for the writable view forms: the address, and the [`DeviceInFlight`] of the write.
@@ -105,7 +104,7 @@ macro_rules! write_arg {
 write_arg!(
     DeviceSliceMut<'scope, T>,
     &'scope mut DeviceSliceMut<'_, T>,
-    &mut super::lend::Rewritable<'scope, T>
+    &mut super::rewritable::Rewritable<'scope, T>
 );
 
 /// The arguments of a kernel launched on a [`ScopedStream`]: a tuple (of up to 12) of

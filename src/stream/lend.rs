@@ -12,11 +12,10 @@ use crate::error::Error;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut};
 
-use super::event::Event;
+use super::StreamId;
 use super::pinned::{PinnedBuffer, PinnedSliceMut};
-use super::scope::ScopedStream;
 #[cfg(doc)]
-use super::scope::scope;
+use super::{event::Event, rewritable::Rewritable, scope::ScopedStream, scope::scope};
 
 /// Host memory that a queued download writes ([`ScopedStream::copy_to_host`]): usable only as the
 /// source of later queued uploads ([`ScopedStream::copy_from_host`]), ordered after the download
@@ -71,22 +70,28 @@ impl<T> HostInFlight<'_, T> {
     }
 }
 
-/// Device memory that a queued write writes ([`ScopedStream::copy_from_host`],
+/// Device memory lent to a scope's queued work for reading, and to nothing else: what a queued
+/// write writes ([`ScopedStream::copy_from_host`],
 /// [`copy_from_device`](ScopedStream::copy_from_device), [`memset`](ScopedStream::memset), and each
-/// writable argument of [`launch`](ScopedStream::launch)): usable only by later queued work, ordered
-/// after the write by the caller (on the same stream, or behind an [`Event`]), as the source of a
-/// copy ([`ScopedStream::copy_to_host`], [`ScopedStream::copy_from_device`]), a read-only kernel
-/// argument, or a view lent to cudarc for reading (`interop::cudarc::Scope::lend`, feature
-/// `cudarc`). The host reads the bytes after [`scope`] has returned, through the view it lent.
+/// writable argument of [`launch`](ScopedStream::launch)), or a range of a scoped buffer lent for
+/// reading (`ScopedBuffer::read`, of a buffer lent by
+/// [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope), whose pages can be retired while
+/// the scope lasts). Usable only by queued work (ordered after the write by the caller: on the same
+/// stream, or behind an [`Event`]), as the source of a copy ([`ScopedStream::copy_to_host`],
+/// [`ScopedStream::copy_from_device`]), a read-only kernel argument, or a view lent to cudarc for
+/// reading (`interop::cudarc::Scope::lend`, feature `cudarc`). The host reads the bytes after
+/// [`scope`] has returned, through the view it lent. A range of a scoped buffer is checked again at
+/// every lend, and refused once its pages are retired.
 ///
 /// It gives the host nothing: it has no `to_vec` or synchronous `copy_to_host` of its own, does
 /// not become a [`DeviceSlice`], and is no source of [`copy_between`](crate::copy_between) or
 /// [`DeviceSliceMut::copy_from_device`]. Those run on the legacy default stream, which does not
 /// wait for the non-blocking streams of this crate, so they would read bytes the queued work is
-/// still writing.
+/// still writing (or a page a retire has released).
 ///
 /// # Lifetimes
-/// `'scope` is the exclusive borrow of the written view, which lasts the scope.
+/// `'scope` is the scope's: the exclusive borrow of the written view, or the scoped buffer's lend,
+/// which lasts the scope.
 ///
 /// # Examples
 /// Upload, then hand the result to a kernel on the same stream and to a download on another one,
@@ -144,13 +149,19 @@ impl<T> HostInFlight<'_, T> {
 /// # }
 /// ```
 pub struct DeviceInFlight<'scope, T> {
-    /// The written memory, lent exclusively to the queued work for `'scope` and seen read-only.
-    /// Private: only this crate's queued operations get it ([`ScopedRead::lend`]).
-    pub(super) view: DeviceSlice<'scope, T>,
-    /// Where the memory can leave while the scope lasts (a range of a
-    /// [`ScopedBuffer`](crate::owned::ScopedBuffer), which can be retired): checked again at every
-    /// lend. `None` for memory borrowed for the whole scope.
-    pub(super) origin: Option<Origin<'scope>>,
+    /// The memory, lent to the queued work for `'scope` and seen read-only. Private: only this
+    /// crate's queued operations get it ([`ScopedRead::lend`]).
+    view: DeviceSlice<'scope, T>,
+    /// Where the memory can leave while the scope lasts (a range of a scoped buffer, which can be
+    /// retired): checked again at every lend. `None` for memory borrowed for the whole scope.
+    origin: Option<Origin<'scope>>,
+}
+
+impl<'scope, T> DeviceInFlight<'scope, T> {
+    /// `view`, lent to queued work only; `origin` where its memory can leave while the scope lasts.
+    pub(crate) fn new(view: DeviceSlice<'scope, T>, origin: Option<Origin<'scope>>) -> Self {
+        DeviceInFlight { view, origin }
+    }
 }
 
 impl<T> Clone for DeviceInFlight<'_, T> {
@@ -188,7 +199,8 @@ impl<T: Pod> DeviceInFlight<'_, T> {
     /// The device address of the first value: an escape hatch that owns nothing and frees nothing.
     /// The bytes behind it may still be being written by the queued work until [`scope`] has
     /// returned; reading them through the address before then, other than in work ordered after
-    /// the write, reads unspecified bytes.
+    /// the write, reads unspecified bytes. A scoped buffer's range is valid only until it is
+    /// retired and the work queued before the retire has finished.
     #[must_use]
     pub fn as_raw_ptr(&self) -> sys::CUdeviceptr {
         self.view.as_raw_ptr()
@@ -307,8 +319,9 @@ pub(crate) mod sealed {
     }
 }
 
-/// Memory whose pages can leave while a scope lasts: a [`ScopedBuffer`](crate::owned::ScopedBuffer)'s
-/// page table, which admits each lend of one of its views.
+/// Memory whose pages can leave while a scope lasts: the page table of a buffer lent to a scope
+/// ([`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope)), which admits each lend of one of
+/// its views. The owned layer implements it; this layer never names the buffer.
 pub(crate) trait Tracker: Sync {
     /// Whether the view `[ptr, ptr + bytes)`, made when the table was at `epoch`, may be lent now:
     /// every byte on a page that is neither retired nor mapped after the view was made. On `Ok`, a
@@ -316,25 +329,6 @@ pub(crate) trait Tracker: Sync {
     fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<usize, Error>;
     /// The lend counted by `admit` in `slot` has queued its work (or given up).
     fn done(&self, slot: usize);
-}
-
-/// A stream as the driver tells streams apart: its context and its handle. The handle alone is not
-/// enough: every context's legacy default stream is the null handle, so two devices' legacy streams
-/// would compare equal, and a view lent to one would pass for work on the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct StreamId {
-    context: usize,
-    handle: usize,
-}
-
-impl StreamId {
-    /// The stream `handle` (null for the legacy default stream) of `context`.
-    pub(crate) fn new(context: sys::CUcontext, handle: sys::CUstream) -> StreamId {
-        StreamId {
-            context: context.addr(),
-            handle: handle.addr(),
-        }
-    }
 }
 
 /// The streams of a scope, which a retire records its events on.
@@ -420,10 +414,7 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
 
     /// The handle an operation that wrote the view returns.
     pub(crate) fn written(&self) -> DeviceInFlight<'scope, T> {
-        DeviceInFlight {
-            view: self.view,
-            origin: self.origin,
-        }
+        DeviceInFlight::new(self.view, self.origin)
     }
 }
 
@@ -446,9 +437,8 @@ pub(crate) fn lend_mut<'scope, T>(
 
 /// A device view lent to queued work for reading, for the rest of a scope: a
 /// `DeviceSlice<'scope, T>` (made inside the closure, or copied), a `&'scope DeviceSlice<'_, T>`,
-/// a `&'scope DeviceSliceMut<'_, T>`, the [`DeviceInFlight<'scope, T>`](DeviceInFlight) of an
-/// earlier queued write, or a [`BufferRead`](crate::owned::BufferRead) of a
-/// [`ScopedBuffer`](crate::owned::ScopedBuffer). Sealed.
+/// a `&'scope DeviceSliceMut<'_, T>`, or a [`DeviceInFlight<'scope, T>`](DeviceInFlight): the
+/// result of an earlier queued write, or a scoped buffer's range lent for reading. Sealed.
 pub trait ScopedRead<'scope, T>: sealed::Read {
     /// The view, for `'scope`, as lent to work on the token's stream. Only this crate can call it:
     /// the token is a type that no code outside it can make, so a [`DeviceInFlight`] never becomes
@@ -552,146 +542,6 @@ impl<'scope, T: Pod> ScopedWrite<'scope, T> for &'scope mut DeviceSliceMut<'_, T
     }
     fn check_reach(&self, device: Device) -> Result<(), Error> {
         reachable(&self.as_slice(), device)
-    }
-}
-
-/// Device memory lent for writing for the rest of a scope that queued work may write again and
-/// again: each write, lent as `&mut rewritable`, is ordered after the one before, because every write
-/// runs on one stream at a time. A ring of two slots then serves any number of batches.
-///
-/// Made by [`ScopedStream::rewritable`] from a writable view (which it lends for the rest of the
-/// scope), or by [`ScopedBuffer::write`](crate::owned::ScopedBuffer::write). The first write may run
-/// on any stream of the scope, and binds the memory to it; a write on another stream is refused
-/// ([`Error::StreamRefused`], before any driver call) until [`hand_over`](Rewritable::hand_over)
-/// orders the new stream after the old one behind an [`Event`]. Each write returns a
-/// [`DeviceInFlight`], with which later work reads what it wrote; reads queued on other streams are
-/// ordered by the caller, as for every [`DeviceInFlight`], and a read ordered after a later write
-/// reads that write's bytes.
-///
-/// Like a [`DeviceInFlight`], it gives the host nothing: no host read, no view.
-///
-/// # Lifetimes
-/// `'scope` is the exclusive borrow of the memory, which lasts the scope.
-///
-/// # Examples
-/// Two slots, a hundred batches, one scope:
-/// ```no_run
-/// use cuda_vmm::{Context, Device, DeviceBuffer, PinnedBuffer, Stream};
-///
-/// # fn main() -> Result<(), cuda_vmm::Error> {
-/// let context = Context::new(Device::get(0)?)?;
-/// let mut slots = DeviceBuffer::<u32>::zeroed(&context, 2 * 1024)?;
-/// let batches: Vec<PinnedBuffer<u32>> = (0..100)
-///     .map(|b| PinnedBuffer::from_slice(&context, &vec![b; 1024]))
-///     .collect::<Result<_, _>>()?;
-/// let mut sums = PinnedBuffer::<u32>::zeroed(&context, 100 * 1024)?;
-/// let stream = Stream::new(&context)?;
-/// let (mut a, mut b) = slots.as_mut_slice().split_at_mut(1024)?;
-/// cuda_vmm::scope(|s| {
-///     let up = s.on(&stream);
-///     let mut ring = [up.rewritable(&mut a)?, up.rewritable(&mut b)?];
-///     for (i, (batch, out)) in batches.iter().zip(sums.chunks_mut(1024)?).enumerate() {
-///         let written = up.copy_from_host(&mut ring[i % 2], batch)?; // after the slot's last write
-///         up.copy_to_host(out, written)?;
-///     }
-///     Ok(())
-/// })?;
-/// # Ok(())
-/// # }
-/// ```
-pub struct Rewritable<'scope, T> {
-    pub(crate) view: DeviceSlice<'scope, T>,
-    pub(crate) origin: Option<Origin<'scope>>,
-    /// The stream of the last write, which the next one must run on (`None` before the first).
-    pub(crate) stream: Option<StreamId>,
-}
-
-// SAFETY: a `Rewritable` is a view's address, length and context, and the identity of a stream
-// that it only compares: it gives no thread any access to the memory, and its `&mut` lends are
-// exclusive by the borrow rules.
-unsafe impl<T: Send> Send for Rewritable<'_, T> {}
-// SAFETY: `&Rewritable` gives nothing but the length and the device.
-unsafe impl<T: Sync> Sync for Rewritable<'_, T> {}
-
-impl<T> fmt::Debug for Rewritable<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Rewritable")
-            .field("view", &self.view)
-            .field("stream", &self.stream)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'scope, T: Pod> Rewritable<'scope, T> {
-    /// The number of values.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.view.len()
-    }
-
-    /// Whether there are none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.view.is_empty()
-    }
-
-    /// The device whose context the memory's copies run in.
-    #[must_use]
-    pub fn device(&self) -> Device {
-        self.view.device()
-    }
-
-    /// `cuEventRecord`, `cuStreamWaitEvent` — let the next write run on `to`: record `event` on the
-    /// stream of the last write and make `to` wait for it, so every write and read queued there
-    /// before now comes first. Before the first write it only binds the memory to `to`.
-    ///
-    /// # Errors
-    /// [`Error::DeviceMismatch`] for an event of another device than the last write's stream (before
-    /// any driver call); [`Error::StreamRefused`] where `from` is not the stream of the last write;
-    /// the driver's error otherwise, and the memory stays bound to its stream.
-    #[doc(alias = "cuEventRecord")]
-    #[doc(alias = "cuStreamWaitEvent")]
-    pub fn hand_over(
-        &mut self,
-        from: ScopedStream<'scope>,
-        to: ScopedStream<'scope>,
-        event: &Event,
-    ) -> Result<(), Error> {
-        if let Some(stream) = self.stream {
-            if stream != from.id() {
-                return Err(Error::StreamRefused {
-                    why: "the memory was last written on another stream than `from`",
-                });
-            }
-            from.record(event)?;
-            to.wait(event)?;
-        }
-        self.stream = Some(to.id());
-        Ok(())
-    }
-}
-
-impl<T: Pod> sealed::Write for &mut Rewritable<'_, T> {}
-impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
-    fn lend_mut(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
-        if token.capture {
-            return Err(Error::StreamRefused {
-                why: "a rewritable view is not captured into a graph: each replay would write it \
-                      again, on whichever stream replays it, unordered after its other writes",
-            });
-        }
-        if self.stream.is_some_and(|s| s != token.stream) {
-            return Err(Error::StreamRefused {
-                why: "memory written on one stream is written again on another only behind an event \
-                      (`Rewritable::hand_over`)",
-            });
-        }
-        let lent = sealed::Lent::admit(self.view, self.origin, token)?;
-        self.stream = Some(token.stream);
-        Ok(lent)
-    }
-    fn check_reach(&self, device: Device) -> Result<(), Error> {
-        reachable(&self.view, device)
     }
 }
 

@@ -503,7 +503,7 @@ mod tests {
     use core::ptr::NonNull;
 
     use super::{PinnedSliceMut, host_bytes};
-    use crate::Error;
+    use crate::error::Error;
 
     /// A window over ordinary memory: the windows' arithmetic needs no page-locked memory.
     fn window(values: &mut [u32]) -> PinnedSliceMut<'_, u32> {

@@ -1,5 +1,6 @@
-//! The queued operations, written once for every queue that takes them: a scope's stream
-//! ([`ScopedStream`]) and a graph capture ([`Capture`](super::graph::Capture)).
+//! What is queued: the operations, written once for every queue that takes them, a scope's
+//! stream ([`ScopedStream`], whose methods are here) and a graph capture
+//! ([`Capture`](super::graph::Capture)).
 
 use core::ffi::c_void;
 use core::marker::PhantomData;
@@ -17,8 +18,9 @@ use super::lend::{
     DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite, lend, lend_mut,
     reachable, sealed,
 };
-#[cfg(doc)]
 use super::scope::ScopedStream;
+#[cfg(doc)]
+use super::{event::Event, pinned::PinnedBuffer, scope::scope};
 
 /// Where queued work goes. Private to the crate: the soundness of every operation below rests on its
 /// contract, which each implementation keeps.
@@ -252,4 +254,136 @@ pub(super) unsafe fn launch<'a, A: KernelArgs<'a>>(
             )
         })?)
     })
+}
+
+impl<'scope> Queue<'scope> for ScopedStream<'scope> {
+    fn stream(&self) -> &Stream {
+        self
+    }
+
+    fn token(&self) -> sealed::Token {
+        sealed::Token::new(self.id(), false)
+    }
+
+    /// The stream's context bound, and the stream not capturing: a graph could run the work after
+    /// the scope.
+    fn admit(&self) -> Result<(), Error> {
+        self.admit_work()
+    }
+}
+
+impl<'scope> ScopedStream<'scope> {
+    /// `cuMemcpyHtoDAsync` — queue a copy of `src` (host memory, the same length) into `dst`.
+    ///
+    /// `dst` is a writable view lent for the rest of the scope (`&mut view`, or a view made inside
+    /// the closure); `src` is `&[T]`, `&PinnedBuffer<T>` or the [`HostInFlight`] of an earlier
+    /// download, borrowed for the rest of the scope. Only page-locked memory ([`PinnedBuffer`])
+    /// overlaps: from pageable memory the driver first copies `src` into its own staging memory
+    /// before this returns. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy
+    /// (on this stream, or behind an [`Event`]) reads it; the host reads `dst` after [`scope`] has
+    /// returned, through the view it lent.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
+    /// device does not reach `dst`'s memory; both before any driver call. The driver's error
+    /// otherwise.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub fn copy_from_host<T: Pod>(
+        &self,
+        dst: impl ScopedWrite<'scope, T>,
+        src: impl HostSource<'scope, T>,
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        copy_from_host(self, dst, src)
+    }
+
+    /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
+    ///
+    /// `dst` is borrowed mutably for the rest of the scope (`&mut pinned_buffer`, or a part of it), so
+    /// nothing reads or writes it until the scope has waited for the copy; `src` is a view lent for
+    /// the rest of the scope, also the [`DeviceInFlight`] of an earlier write ordered before this
+    /// copy. Only page-locked memory ([`PinnedBuffer`]) overlaps: into pageable memory the driver
+    /// returns only once the copy is done. Returns a [`HostInFlight`] of `dst`, with which a later
+    /// queued upload (ordered after this copy) reads what this one wrote.
+    ///
+    /// # Errors
+    /// As [`copy_from_host`](ScopedStream::copy_from_host), for `src`.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub fn copy_to_host<T: Pod>(
+        &self,
+        dst: impl HostTarget<'scope, T>,
+        src: impl ScopedRead<'scope, T>,
+    ) -> Result<HostInFlight<'scope, T>, Error> {
+        copy_to_host(self, dst, src)
+    }
+
+    /// `cuMemcpyDtoDAsync` — queue a copy of `src` into `dst` (the same length), which may belong to
+    /// two devices: the stream's device must reach both views' memory (a VMM grant that names it, a
+    /// peer view under a guard, or its own memory), so the copy runs over the link, never through the
+    /// driver's hidden staging. `src` may be the [`DeviceInFlight`] of an earlier write, ordered
+    /// before this copy. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy (on
+    /// this stream, or behind an [`Event`]) reads it.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
+    /// device does not reach either view's memory; both before any driver call. The driver's error
+    /// otherwise. For views that no one device reaches, use the staged
+    /// [`copy_between`](crate::copy_between) outside the scope.
+    #[doc(alias = "cuMemcpyDtoDAsync")]
+    pub fn copy_from_device<T: Pod>(
+        &self,
+        dst: impl ScopedWrite<'scope, T>,
+        src: impl ScopedRead<'scope, T>,
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        copy_from_device(self, dst, src)
+    }
+
+    /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
+    /// Returns a [`DeviceInFlight`] of `dst`: only work queued after the memset (on this stream, or
+    /// behind an [`Event`]) reads it.
+    ///
+    /// # Errors
+    /// [`Error::NoPeerAccess`] where the stream's device does not reach `dst`'s memory (before any
+    /// driver call); the driver's error otherwise.
+    #[doc(alias = "cuMemsetD8Async")]
+    pub fn memset<T: Pod>(
+        &self,
+        dst: impl ScopedWrite<'scope, T>,
+        byte: u8,
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
+        memset(self, dst, byte)
+    }
+
+    /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
+    /// typed arguments ([`KernelArgs`]): read-only views (`&DeviceSlice`, `DeviceSlice`,
+    /// `&DeviceSliceMut`, and the [`DeviceInFlight`] of an earlier write), writable views
+    /// (`&mut DeviceSliceMut`, `DeviceSliceMut`), each passed to the kernel as its device address
+    /// (a `u64`), and plain values ([`Pod`]), passed as they are. Views and the kernel are borrowed
+    /// for the rest of the scope, writable views exclusively. Returns, for each argument in order,
+    /// a [`DeviceInFlight`] of each writable view, which only work queued after the kernel (on this
+    /// stream, or behind an [`Event`]) reads, and `()` for the others.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for an empty grid or block; [`Error::DeviceMismatch`] for a kernel loaded
+    /// on another device than the stream's; [`Error::NoPeerAccess`] for a view whose memory the
+    /// stream's device does not reach; all before any driver call. The driver's error otherwise
+    /// (a fault of the kernel itself shows at the scope's wait, as a sticky error).
+    ///
+    /// # Safety
+    /// The kernel's parameter list is not checked:
+    /// - `args` must match it in number, order and types (a view is a `u64` device address);
+    /// - the kernel must write only through the writable views, and read and write only within the
+    ///   `len()` values of the views it is given. It may use other memory only through addresses
+    ///   passed as plain values, and then the caller guarantees that memory, reachable from this
+    ///   device, until the scope ends.
+    #[doc(alias = "cuLaunchKernel")]
+    pub unsafe fn launch<A: KernelArgs<'scope>>(
+        &self,
+        function: &'scope Function<'_>,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: A,
+    ) -> Result<A::Output, Error> {
+        // SAFETY: the caller keeps this function's contract (`# Safety`), which is the queue's.
+        unsafe { launch(self, function, grid, block, args) }
+    }
 }

@@ -7,25 +7,19 @@ use core::ops::Deref;
 use core::ptr;
 use std::sync::{Mutex, PoisonError};
 
-use bytemuck::Pod;
-
 use crate::error::{Error, Result, first_error};
-use crate::module::Function;
 #[cfg(doc)]
 use crate::view::{DeviceSlice, DeviceSliceMut};
 use crate::wait;
 
-use super::Stream;
+use super::lend::Registry;
+use super::{Stream, StreamId};
 #[cfg(doc)]
-use super::event::Event;
-use super::launch::KernelArgs;
-use super::lend::{
-    DeviceInFlight, HostInFlight, HostSource, HostTarget, Registry, Rewritable, ScopedRead,
-    ScopedWrite, StreamId, lend_mut, sealed,
+use super::{
+    event::Event,
+    lend::{DeviceInFlight, HostInFlight},
+    rewritable::Rewritable,
 };
-#[cfg(doc)]
-use super::pinned::PinnedBuffer;
-use super::queue::{self, Queue};
 
 /// `cuStreamSynchronize` on every stream of a scope — run stream-ordered work that borrows views,
 /// host memory and kernels for the rest of the scope, and wait for all of it before returning.
@@ -35,74 +29,10 @@ use super::queue::{self, Queue};
 /// panics, `scope` waits for every stream it queued on, then returns `f`'s value, or the first error
 /// (see `# Errors`), or resumes the panic.
 ///
-/// # The model
-/// A [`Stream`] runs the work queued on it in order, and alongside other streams' work. Work that
-/// reads or writes memory is queued only here, through a [`ScopedStream`], and borrows every view,
-/// host slice and kernel it uses for `'scope`, which lasts until `scope` returns; and `scope` returns
-/// only after waiting for every stream it queued on. So no queued copy or kernel outlives what it
-/// uses: the borrow checker refuses an unmap, a new grant, a drop, or a host access of anything lent
-/// to the scope, for as long as the scope runs (the cases in `ui-tests/stream/`).
-///
-/// Between streams, [`Event`]s order work: [`Stream::record`] marks a point in one stream,
-/// [`Stream::wait`] makes another stream, of any device, wait for it. A writable view is lent to
-/// one operation for the rest of the scope, as `&mut` is to one scoped thread; an operation that
-/// writes hands back a handle of what it writes, a [`DeviceInFlight`] for device memory or a
-/// [`HostInFlight`] for host memory, with which only work queued after it (on the same stream, or
-/// behind an event) reads the result. Neither gives the host any access to the bytes, which the
-/// queued work may still be writing: a `DeviceInFlight` has no host read, is no source of the
-/// synchronous copies (which run on the legacy default stream, which does not wait for the
-/// scope's streams), and does not become a [`DeviceSlice`]. The host reads the results after
-/// `scope` has returned, through the views and buffers it lent. To write the same memory again in
-/// the scope, lend it as a [`Rewritable`] ([`ScopedStream::rewritable`]), whose writes are ordered
-/// on its stream.
-///
-/// # Why it is sound, also under `mem::forget`
-/// The wait is in no value the caller holds. `scope` runs `f`, then waits for every stream
-/// registered with the scope, in its own frame: on return, and while a panic unwinds through it (a
-/// guard local to `scope`, which `f` never sees). `f` gets only `&'scope Scope`, and a
-/// [`ScopedStream`] is a `Copy` handle: forgetting either changes nothing. A "pending copy" value
-/// whose `Drop` waited would be unsound, since it could be forgotten while the borrows it held end;
-/// there is none. `'scope` is invariant, as in [`std::thread::scope`], so a [`ScopedStream`] can
-/// neither leave the closure nor accept a borrow that ends before the wait (a local of the closure,
-/// say).
-///
-/// # When a wait fails
-/// A failed `cuStreamSynchronize` does not by itself mean that the work has stopped. Under stream
-/// capture the driver refuses a wait at once, without waiting, and the error (900–908) is not
-/// sticky: the work queued before runs on. That happens on a stream that is capturing a graph,
-/// and, in CUDA's default `GLOBAL` capture mode, on every thread while any thread captures. So
-/// every wait of this crate (this scope's, cudarc's scope's, the ends of
-/// [`ScopedAccess`](crate::vmm::ScopedAccess) and [`PeerAccess`](crate::PeerAccess), every synchronous copy, the staged copy, each `synchronize`) goes through one
-/// wait that holds:
-/// - the waiting thread's capture mode is `RELAXED` for the wait and restored after it, so no other
-///   thread's capture refuses the wait. A stream wait first tries once in the thread's own mode,
-///   which costs nothing where it succeeds; in `GLOBAL` mode, while another thread captures in
-///   `GLOBAL` mode, that try is refused and the driver invalidates the other thread's capture, as
-///   for any thread's potentially unsafe call during such a capture (capture in `THREAD_LOCAL` or
-///   `RELAXED` mode to keep it), and the wait goes on in `RELAXED` mode;
-/// - a stream found capturing when the scope ends has its capture ended and its graph destroyed,
-///   where this thread may end it, and is then waited for. No graph keeps an address lent to the
-///   scope, and `scope` returns [`Error::StreamCapturing`] once the work has finished;
-/// - so is a capture of this thread's per-thread default stream that stands in the wait's way (it
-///   makes a wait of the legacy default stream an implicit dependency, refuses a wait of the
-///   context, and is the capture a stream may have joined): only this thread can have begun it;
-/// - a capture this thread may not end is waited out, for up to 10 seconds. That is one the stream
-///   joined from another stream, or one another thread began in a mode other than `RELAXED`;
-/// - any other failure is settled by `cuCtxSynchronize`. Success proves that the work finished. The
-///   same error again proves it sticky: the context runs no more work until the primary context is
-///   reset, which cannot happen while a stream, event or pinned buffer of it lives (each keeps it
-///   retained).
-///
-/// So when `scope` returns, with `Ok` or an error, nothing queued touches the borrowed memory any
-/// more. After a fault, which operations ran before it is unknown, so the bytes they were to write
-/// are unspecified. Where nothing proves the work finished, the process **aborts** with a line on
-/// stderr that starts with `cuda-vmm: aborting:`: a capture outlasting the 10 seconds, or an
-/// error neither repeated nor cleared. Returning, or unwinding, would end the borrows under
-/// running work. `scope` waits for every other stream even after one wait failed, and returns the
-/// first error.
-///
-/// Work is not queued onto a stream that is capturing: each operation checks first
-/// (`cuStreamIsCapturing`) and returns [`Error::StreamCapturing`] before any work is queued.
+/// Why this is sound (the wait is in `scope`'s own frame, so `mem::forget` of anything the caller
+/// holds changes nothing), how events order streams, and what happens where a wait fails under
+/// stream capture, are the [module documentation](super)'s: [Why a scope](super#why-a-scope),
+/// [When a wait fails](super#when-a-wait-fails).
 ///
 /// # Lifetimes
 /// - `'scope`: the lifetime of the scope itself — while `f` runs and until every queued operation
@@ -115,7 +45,7 @@ use super::queue::{self, Queue};
 /// `f`'s error, if it returns one (the waits happen in any case; a wait's failure then is not
 /// returned, but a sticky error shows again on the context's next call). Otherwise the first error
 /// of the waits: every stream is waited for even after one failed (see
-/// [When a wait fails](scope#when-a-wait-fails)). An error of one of `f`'s operations leaves the
+/// [When a wait fails](super#when-a-wait-fails)). An error of one of `f`'s operations leaves the
 /// work queued before it in place: it runs, and is waited for.
 ///
 /// # Panics
@@ -240,8 +170,8 @@ impl<'scope> Scope<'scope, '_> {
         }
     }
 
-    /// The streams of the scope, for the handles whose memory can leave while it lasts
-    /// ([`ScopedBuffer`](crate::owned::ScopedBuffer)).
+    /// The streams of the scope, for the handles whose memory can leave while it lasts (a buffer
+    /// lent to the scope, [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope)).
     pub(crate) fn registry(&'scope self) -> &'scope (dyn Registry + 'scope) {
         &self.streams
     }
@@ -335,158 +265,6 @@ impl Deref for ScopedStream<'_> {
     type Target = Stream;
     fn deref(&self) -> &Stream {
         self.stream
-    }
-}
-
-impl<'scope> Queue<'scope> for ScopedStream<'scope> {
-    fn stream(&self) -> &Stream {
-        self.stream
-    }
-
-    fn token(&self) -> sealed::Token {
-        sealed::Token::new(self.stream.id(), false)
-    }
-
-    /// The stream's context bound, and the stream not capturing: a graph could run the work after
-    /// the scope.
-    fn admit(&self) -> Result<(), Error> {
-        self.stream.admit_work()
-    }
-}
-
-impl<'scope> ScopedStream<'scope> {
-    /// Lends `view` for writing for the rest of the scope, as a [`Rewritable`] that queued work writes
-    /// again and again, each write ordered after the one before (see [`Rewritable`]). No driver call;
-    /// the first write binds it to its stream.
-    ///
-    /// # Errors
-    /// As the view's lend: [`Error::StreamRefused`] for a view of a
-    /// [`ScopedBuffer`](crate::owned::ScopedBuffer) of another scope, [`Error::PageRange`] for one
-    /// whose pages have been retired.
-    pub fn rewritable<T: Pod>(
-        &self,
-        view: impl ScopedWrite<'scope, T>,
-    ) -> Result<Rewritable<'scope, T>, Error> {
-        let (view, origin, _) = lend_mut(view, self.token())?.into_parts();
-        Ok(Rewritable {
-            view,
-            origin,
-            stream: None,
-        })
-    }
-
-    /// `cuMemcpyHtoDAsync` — queue a copy of `src` (host memory, the same length) into `dst`.
-    ///
-    /// `dst` is a writable view lent for the rest of the scope (`&mut view`, or a view made inside
-    /// the closure); `src` is `&[T]`, `&PinnedBuffer<T>` or the [`HostInFlight`] of an earlier
-    /// download, borrowed for the rest of the scope. Only page-locked memory ([`PinnedBuffer`])
-    /// overlaps: from pageable memory the driver first copies `src` into its own staging memory
-    /// before this returns. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy
-    /// (on this stream, or behind an [`Event`]) reads it; the host reads `dst` after [`scope`] has
-    /// returned, through the view it lent.
-    ///
-    /// # Errors
-    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
-    /// device does not reach `dst`'s memory; both before any driver call. The driver's error
-    /// otherwise.
-    #[doc(alias = "cuMemcpyHtoDAsync")]
-    pub fn copy_from_host<T: Pod>(
-        &self,
-        dst: impl ScopedWrite<'scope, T>,
-        src: impl HostSource<'scope, T>,
-    ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        queue::copy_from_host(self, dst, src)
-    }
-
-    /// `cuMemcpyDtoHAsync` — queue a copy of `src` into `dst` (host memory, the same length).
-    ///
-    /// `dst` is borrowed mutably for the rest of the scope (`&mut pinned_buffer`, or a part of it), so
-    /// nothing reads or writes it until the scope has waited for the copy; `src` is a view lent for
-    /// the rest of the scope, also the [`DeviceInFlight`] of an earlier write ordered before this
-    /// copy. Only page-locked memory ([`PinnedBuffer`]) overlaps: into pageable memory the driver
-    /// returns only once the copy is done. Returns a [`HostInFlight`] of `dst`, with which a later
-    /// queued upload (ordered after this copy) reads what this one wrote.
-    ///
-    /// # Errors
-    /// As [`copy_from_host`](ScopedStream::copy_from_host), for `src`.
-    #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub fn copy_to_host<T: Pod>(
-        &self,
-        dst: impl HostTarget<'scope, T>,
-        src: impl ScopedRead<'scope, T>,
-    ) -> Result<HostInFlight<'scope, T>, Error> {
-        queue::copy_to_host(self, dst, src)
-    }
-
-    /// `cuMemcpyDtoDAsync` — queue a copy of `src` into `dst` (the same length), which may belong to
-    /// two devices: the stream's device must reach both views' memory (a VMM grant that names it, a
-    /// peer view under a guard, or its own memory), so the copy runs over the link, never through the
-    /// driver's hidden staging. `src` may be the [`DeviceInFlight`] of an earlier write, ordered
-    /// before this copy. Returns a [`DeviceInFlight`] of `dst`: only work queued after the copy (on
-    /// this stream, or behind an [`Event`]) reads it.
-    ///
-    /// # Errors
-    /// [`Error::LengthMismatch`] where the lengths differ; [`Error::NoPeerAccess`] where the stream's
-    /// device does not reach either view's memory; both before any driver call. The driver's error
-    /// otherwise. For views that no one device reaches, use the staged
-    /// [`copy_between`](crate::copy_between) outside the scope.
-    #[doc(alias = "cuMemcpyDtoDAsync")]
-    pub fn copy_from_device<T: Pod>(
-        &self,
-        dst: impl ScopedWrite<'scope, T>,
-        src: impl ScopedRead<'scope, T>,
-    ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        queue::copy_from_device(self, dst, src)
-    }
-
-    /// `cuMemsetD8Async` — queue setting every byte of `dst` to `byte` (any bytes are a valid `T`).
-    /// Returns a [`DeviceInFlight`] of `dst`: only work queued after the memset (on this stream, or
-    /// behind an [`Event`]) reads it.
-    ///
-    /// # Errors
-    /// [`Error::NoPeerAccess`] where the stream's device does not reach `dst`'s memory (before any
-    /// driver call); the driver's error otherwise.
-    #[doc(alias = "cuMemsetD8Async")]
-    pub fn memset<T: Pod>(
-        &self,
-        dst: impl ScopedWrite<'scope, T>,
-        byte: u8,
-    ) -> Result<DeviceInFlight<'scope, T>, Error> {
-        queue::memset(self, dst, byte)
-    }
-
-    /// `cuLaunchKernel` — queue `function` on `grid` × `block` threads, with `args`, a tuple of
-    /// typed arguments ([`KernelArgs`]): read-only views (`&DeviceSlice`, `DeviceSlice`,
-    /// `&DeviceSliceMut`, and the [`DeviceInFlight`] of an earlier write), writable views
-    /// (`&mut DeviceSliceMut`, `DeviceSliceMut`), each passed to the kernel as its device address
-    /// (a `u64`), and plain values ([`Pod`]), passed as they are. Views and the kernel are borrowed
-    /// for the rest of the scope, writable views exclusively. Returns, for each argument in order,
-    /// a [`DeviceInFlight`] of each writable view, which only work queued after the kernel (on this
-    /// stream, or behind an [`Event`]) reads, and `()` for the others.
-    ///
-    /// # Errors
-    /// [`Error::ZeroSize`] for an empty grid or block; [`Error::DeviceMismatch`] for a kernel loaded
-    /// on another device than the stream's; [`Error::NoPeerAccess`] for a view whose memory the
-    /// stream's device does not reach; all before any driver call. The driver's error otherwise
-    /// (a fault of the kernel itself shows at the scope's wait, as a sticky error).
-    ///
-    /// # Safety
-    /// The kernel's parameter list is not checked:
-    /// - `args` must match it in number, order and types (a view is a `u64` device address);
-    /// - the kernel must write only through the writable views, and read and write only within the
-    ///   `len()` values of the views it is given. It may use other memory only through addresses
-    ///   passed as plain values, and then the caller guarantees that memory, reachable from this
-    ///   device, until the scope ends.
-    #[doc(alias = "cuLaunchKernel")]
-    pub unsafe fn launch<A: KernelArgs<'scope>>(
-        &self,
-        function: &'scope Function<'_>,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        args: A,
-    ) -> Result<A::Output, Error> {
-        // SAFETY: the caller keeps this function's contract (`# Safety`), which is the queue's.
-        unsafe { queue::launch(self, function, grid, block, args) }
     }
 }
 

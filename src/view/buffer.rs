@@ -7,7 +7,6 @@ use bytemuck::Pod;
 
 use crate::device::Context;
 use crate::error::{Error, check};
-use crate::peer::PeerAccess;
 use crate::sys;
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach};
 
@@ -156,59 +155,6 @@ impl<T: Pod> DeviceBuffer<T> {
         DeviceSliceMut::from_granted(self.ptr, self.len, &self.context, Reach::NONE)
     }
 
-    /// A read-only view of the whole buffer for the *peer* context of `access`: copies (and kernels given
-    /// its address) run on the accessing device and read this buffer's memory directly.
-    ///
-    /// The view borrows the guard, so peer access cannot be disabled while the view lives.
-    ///
-    /// # Errors
-    /// [`Error::DeviceMismatch`] where `access` does not open this buffer's context (`access.to()`), so
-    /// a guard of the other direction is refused.
-    pub fn peer_slice<'g>(
-        &'g self,
-        access: &'g PeerAccess<'_>,
-    ) -> Result<DeviceSlice<'g, T>, Error> {
-        self.check_peer(access)?;
-        // The guard, borrowed for `'g`, opens this memory to `access.from()`'s device; the owner's own
-        // device reaches it in any case.
-        Ok(DeviceSlice::from_granted(
-            self.ptr,
-            self.len,
-            access.from(),
-            Reach::Owned(core::slice::from_ref(&self.context)),
-        ))
-    }
-
-    /// A writable view of the whole buffer for the peer context of `access`; see
-    /// [`peer_slice`](DeviceBuffer::peer_slice).
-    ///
-    /// # Errors
-    /// As [`peer_slice`](DeviceBuffer::peer_slice).
-    pub fn peer_slice_mut<'g>(
-        &'g mut self,
-        access: &'g PeerAccess<'_>,
-    ) -> Result<DeviceSliceMut<'g, T>, Error> {
-        self.check_peer(access)?;
-        Ok(DeviceSliceMut::from_granted(
-            self.ptr,
-            self.len,
-            access.from(),
-            Reach::Owned(core::slice::from_ref(&self.context)),
-        ))
-    }
-
-    fn check_peer(&self, access: &PeerAccess<'_>) -> Result<(), Error> {
-        let (expected, found) = (self.context.device(), access.to().device());
-        if expected == found {
-            Ok(())
-        } else {
-            Err(Error::DeviceMismatch {
-                expected: expected.as_raw(),
-                found: found.as_raw(),
-            })
-        }
-    }
-
     /// `cuMemFree` — free the buffer and report the driver's answer, which `drop` ignores.
     ///
     /// # Errors
@@ -265,7 +211,7 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
 #[cfg(test)]
 mod tests {
     use super::byte_size;
-    use crate::Error;
+    use crate::error::Error;
 
     #[test]
     fn zero_sized_elements_are_refused() {

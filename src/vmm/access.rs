@@ -241,26 +241,28 @@ impl<'map> Access<'map, ReadWrite> {
 }
 
 /// An [`Access`] that is revoked when it ends: made by
-/// [`Mapping::grant_scoped`](crate::Mapping::grant_scoped). Use it as the `Access` it dereferences to;
-/// its writable views come from its own [`slice_mut`](ScopedAccess::slice_mut).
+/// [`Mapping::grant_revocable`](crate::Mapping::grant_revocable). Use it as the `Access` it
+/// dereferences to; its writable views come from its own [`slice_mut`](RevocableAccess::slice_mut).
 ///
-/// When it ends (drop, or [`revoke`](ScopedAccess::revoke)), every granted context is synchronised and
-/// every granted device is set back to no access (device by device, where the driver refuses to do it
-/// in one call). Forgetting it (`mem::forget`) leaves the access
-/// granted until the mapping is unmapped: views cannot outlive it either way, since they borrow it.
-pub struct ScopedAccess<'map, M: AccessMode> {
+/// When it ends (drop, or [`revoke`](RevocableAccess::revoke)), every granted context is
+/// synchronised and every granted device is set back to no access (device by device, where the
+/// driver refuses to do it in one call). Forgetting it (`mem::forget`) leaves the access granted
+/// until the mapping is unmapped: views cannot outlive it either way, since they borrow it.
+pub struct RevocableAccess<'map, M: AccessMode> {
     access: Access<'map, M>,
 }
 
-impl<M: AccessMode> fmt::Debug for ScopedAccess<'_, M> {
+impl<M: AccessMode> fmt::Debug for RevocableAccess<'_, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ScopedAccess").field(&self.access).finish()
+        f.debug_tuple("RevocableAccess")
+            .field(&self.access)
+            .finish()
     }
 }
 
-impl<'map, M: AccessMode> ScopedAccess<'map, M> {
-    pub(crate) fn new(access: Access<'map, M>) -> ScopedAccess<'map, M> {
-        ScopedAccess { access }
+impl<'map, M: AccessMode> RevocableAccess<'map, M> {
+    pub(crate) fn new(access: Access<'map, M>) -> RevocableAccess<'map, M> {
+        RevocableAccess { access }
     }
 
     /// Ends the grant and reports the driver's answer, which `drop` ignores.
@@ -285,7 +287,7 @@ impl<'map, M: AccessMode> ScopedAccess<'map, M> {
     }
 }
 
-impl<'map, M: AccessMode> core::ops::Deref for ScopedAccess<'map, M> {
+impl<'map, M: AccessMode> core::ops::Deref for RevocableAccess<'map, M> {
     type Target = Access<'map, M>;
     fn deref(&self) -> &Access<'map, M> {
         &self.access
@@ -294,7 +296,7 @@ impl<'map, M: AccessMode> core::ops::Deref for ScopedAccess<'map, M> {
 
 // No `DerefMut`: `mem::replace` through it could swap another grant in, which would then be revoked
 // in this one's place. The writable views are offered directly instead.
-impl ScopedAccess<'_, ReadWrite> {
+impl RevocableAccess<'_, ReadWrite> {
     /// As [`Access::slice_mut`].
     ///
     /// # Errors
@@ -312,7 +314,7 @@ impl ScopedAccess<'_, ReadWrite> {
     }
 }
 
-impl<M: AccessMode> Drop for ScopedAccess<'_, M> {
+impl<M: AccessMode> Drop for RevocableAccess<'_, M> {
     fn drop(&mut self) {
         // Errors are ignored: `drop` cannot return them; call `revoke` to see them.
         let _ = self.end();
@@ -491,7 +493,7 @@ pub(crate) fn with_contexts(
 #[cfg(test)]
 mod tests {
     use super::{element_count, elements};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     proptest! {

@@ -9,7 +9,7 @@ use core::ptr;
 use crate::device::Context;
 use crate::error::{DriverError, Error, check};
 use crate::sys;
-use crate::vmm::access::{Access, AccessMode, Contexts, ScopedAccess, grant_range};
+use crate::vmm::access::{Access, AccessMode, Contexts, RevocableAccess, grant_range};
 
 /// What a [`MappedRange`] holds besides its address: the memory and the reservation, owned or
 /// borrowed, which outlive the mapping (they are dropped after its unmap, as its fields).
@@ -101,13 +101,13 @@ impl<B: Backing> MappedRange<B> {
         self.grant_contexts(contexts, mode)
     }
 
-    /// As [`grant_all`](MappedRange::grant_all), revoked again when the [`ScopedAccess`] ends.
-    pub(crate) fn grant_scoped<'map, M: AccessMode>(
+    /// As [`grant_all`](MappedRange::grant_all), revoked again when the [`RevocableAccess`] ends.
+    pub(crate) fn grant_revocable<'map, M: AccessMode>(
         &'map mut self,
         contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'map, M>, Error> {
-        Ok(ScopedAccess::new(self.grant_all(contexts, mode)?))
+    ) -> Result<RevocableAccess<'map, M>, Error> {
+        Ok(RevocableAccess::new(self.grant_all(contexts, mode)?))
     }
 
     fn grant_contexts<'map, M: AccessMode>(

@@ -5,7 +5,7 @@ use core::fmt;
 use crate::device::Context;
 use crate::error::{DriverError, DriverResult, Error, Result, check};
 use crate::sys;
-use crate::vmm::access::{Access, AccessMode, ScopedAccess};
+use crate::vmm::access::{Access, AccessMode, RevocableAccess};
 use crate::vmm::mapped::{Borrowed, MappedRange};
 use crate::vmm::physical::{PhysicalAllocation, check_multiple};
 use crate::vmm::reservation::{Region, VirtualReservation};
@@ -74,7 +74,7 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// `context`. Dropping the `Access` ends the borrow; the driver keeps the permission until the
     /// mapping is unmapped or its device's access is set again: by a later grant, by a refused later
     /// grant (which sets its devices back to no access), or by the end of a
-    /// [`grant_scoped`](Mapping::grant_scoped) that names the device.
+    /// [`grant_revocable`](Mapping::grant_revocable) that names the device.
     ///
     /// # Errors
     /// The driver's error ([`Error::Driver`]). Then no `Access` exists, so nothing can use the mapping,
@@ -109,8 +109,8 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     }
 
     /// `cuMemSetAccess` — as [`grant_all`](Mapping::grant_all), revoked again when the returned
-    /// [`ScopedAccess`] ends: each granted context is synchronised, then every granted device is set back
-    /// to no access (`CU_MEM_ACCESS_FLAGS_PROT_NONE`).
+    /// [`RevocableAccess`] ends: each granted context is synchronised, then every granted device is
+    /// set back to no access (`CU_MEM_ACCESS_FLAGS_PROT_NONE`).
     ///
     /// This is how a peer device is opened to a VMM mapping for a while: context peer access
     /// ([`PeerAccess`](crate::PeerAccess)) does not open VMM mappings; grants do.
@@ -118,12 +118,12 @@ impl<'va, 'mem> Mapping<'va, 'mem> {
     /// # Errors
     /// As [`grant_all`](Mapping::grant_all).
     #[doc(alias = "cuMemSetAccess")]
-    pub fn grant_scoped<'map, M: AccessMode>(
+    pub fn grant_revocable<'map, M: AccessMode>(
         &'map mut self,
         contexts: &'map [&'map Context],
         mode: M,
-    ) -> Result<ScopedAccess<'map, M>, Error> {
-        self.range.grant_scoped(contexts, mode)
+    ) -> Result<RevocableAccess<'map, M>, Error> {
+        self.range.grant_revocable(contexts, mode)
     }
 
     /// `cuMemUnmap` — unmap, report the driver's answer (which `drop` ignores), and give the region back
@@ -260,8 +260,8 @@ impl<'va> Region<'va> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::{DriverError, Error};
     use crate::vmm::reservation::Region;
-    use crate::{DriverError, Error};
 
     #[test]
     fn a_front_that_could_not_be_unmapped_leaves_the_region() {

@@ -9,11 +9,13 @@ use crate::device::Device;
 use crate::error::{DriverResult, Error, Result, check};
 use crate::sys;
 
-// What an allocation can be exported as and made capable of, and the checks before `cuMemCreate`.
+// What an allocation can be exported as.
 mod handles;
+// The checks before `cuMemCreate` of what an allocation asks for.
+mod support;
 
 pub use handles::HandleKinds;
-pub(crate) use handles::check_fabric;
+pub(crate) use support::check_fabric;
 
 /// Which allocation granularity to ask for (`CUmemAllocationGranularity_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -210,13 +212,6 @@ impl AllocationOptions {
         Ok(granularity)
     }
 
-    /// Checks the options against the location and the device attributes, as
-    /// [`PhysicalAllocation::with_options`] does before `cuMemCreate`, for owners that check once
-    /// what all their allocations will ask for.
-    pub(crate) fn check_supported(&self) -> Result<()> {
-        handles::check_supported(self)
-    }
-
     /// The minimum granularity, asked of the driver once per set of options and then remembered: it is
     /// a fixed property of the device and the options, and `cuMemCreate`'s size check needs it every time.
     pub(crate) fn minimum_granularity_cached(self) -> Result<usize> {
@@ -348,7 +343,7 @@ impl PhysicalAllocation {
                 what: "allocation size",
             });
         }
-        handles::check_supported(&options)?;
+        options.check_supported()?;
         let granularity = options.minimum_granularity_cached()?;
         check_multiple("allocation size", size, granularity)?;
         let prop = options.raw();
@@ -445,7 +440,7 @@ impl Drop for PhysicalAllocation {
 #[cfg(test)]
 mod tests {
     use super::{align_size, check_multiple};
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     proptest! {

@@ -61,7 +61,7 @@ impl VirtualReservation {
             });
         }
         // The one entry point that needs no `Device` first, which would have initialised the driver.
-        crate::init()?;
+        crate::device::init()?;
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: `base` is writable for the call; the other arguments are plain integers (flags must be 0).
         check(unsafe { sys::cuMemAddressReserve(&raw mut base, size, alignment, hint, 0) })?;
@@ -276,7 +276,7 @@ impl<'va> Region<'va> {
 #[cfg(test)]
 mod tests {
     use super::Region;
-    use crate::Error;
+    use crate::error::Error;
     use proptest::prelude::*;
 
     proptest! {

@@ -12,7 +12,7 @@ fn main() -> Result<(), Error> {
     buffer.grow(device, page)?;
     let export = buffer.export_dma_buf(..page, DmaBufLayout::PerPage)?;
 
-    buffer.retire_after(..page, &stream)?; // <- error[E0502]: `export` still borrows `buffer`
+    buffer.retire_after(&stream, ..page)?; // <- error[E0502]: `export` still borrows `buffer`
     println!("{:?}", export.chunks());
     Ok(())
 }

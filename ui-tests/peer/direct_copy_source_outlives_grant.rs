@@ -1,6 +1,6 @@
 //! Rule: the access a direct copy between devices relies on lives as long as the view that carries it.
 //! Prevents: a copy over the peer link after the grant that opened the source to the destination was revoked.
-//! Expected: E0505 (move out of `scoped` while borrowed).
+//! Expected: E0505 (move out of `grant` while borrowed).
 
 use cuda_vmm::{Context, Device, DeviceBuffer, Error, PhysicalAllocation, ReadWrite, peer::Route, VirtualReservation};
 
@@ -12,11 +12,11 @@ fn main() -> Result<(), Error> {
     let mut region = reservation.region();
     let mut mapping = region.map(&memory)?;
     let both = [&gpu0, &gpu1];
-    let scoped = mapping.grant_scoped(&both, ReadWrite)?;
-    let src = scoped.slice::<u8>()?; // reachable from GPU 1 while `scoped` lives
+    let grant = mapping.grant_revocable(&both, ReadWrite)?;
+    let src = grant.slice::<u8>()?; // reachable from GPU 1 while `grant` lives
     let mut dst = DeviceBuffer::<u8>::zeroed(&gpu1, size)?;
 
-    scoped.revoke()?; // <- error[E0505]: `src` still borrows `scoped`
+    grant.revoke()?; // <- error[E0505]: `src` still borrows `grant`
     cuda_vmm::copy_between(&mut dst.as_mut_slice(), &src, Route::Direct)?;
     Ok(())
 }

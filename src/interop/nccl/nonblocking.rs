@@ -1,5 +1,6 @@
 //! Communicators made with a config ([`CommOptions`], `ncclCommInitRankConfig`), non-blocking ones
-//! among them, and the one place that waits for NCCL's non-blocking operations: [`Core::finish`].
+//! among them. The one place that waits for NCCL's non-blocking operations is `Core::finish`
+//! (`handle.rs`).
 //!
 //! # What NCCL does in non-blocking mode
 //! A communicator made with `blocking = 0` never blocks its caller: `ncclCommInitRankConfig`,
@@ -14,7 +15,7 @@
 //!
 //! # What this crate does
 //! Every call on a non-blocking communicator is settled before it returns to the caller:
-//! [`Core::finish`] polls `ncclCommGetAsyncError` until the state is no longer `ncclInProgress`
+//! `Core::finish` polls `ncclCommGetAsyncError` until the state is no longer `ncclInProgress`
 //! (spinning for the first millisecond, yielding the thread until 20 ms, then sleeping 100 µs
 //! between polls, as a scope's end does). So a collective has queued its kernels before the scope
 //! polls its stream and waits, a window handle is
@@ -25,20 +26,18 @@
 //! scope's one wait still follows for the stream. Polling waits for NCCL's host thread, never for
 //! the GPU: the scope's wait stays the one wait for the stream.
 
-use core::cell::Cell;
-use core::ffi::c_int;
 use core::ptr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ::cudarc::driver::{CudaContext, CudaStream};
+use ::cudarc::driver::CudaStream;
 
 use super::api::{self, Api, IN_PROGRESS, RawComm, RawConfig};
-use super::scope::in_group;
-use super::{Comm, Core, TIMEOUT, UniqueId, pause};
-use crate::error::{Error, check as check_driver};
-use crate::sys;
+use super::comm::{Comm, bind, clique, rank_and_size};
+use super::handle::{Core, in_group};
+use super::id::UniqueId;
+use crate::error::Error;
 
 /// How a communicator is made by [`Comm::from_devices_with`] and [`Comm::from_rank_with`]
 /// (`ncclConfig_t`): blocking or not, and how long its waits may take.
@@ -126,39 +125,6 @@ impl CommOptions {
     }
 }
 
-/// What polling a non-blocking operation came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Settled {
-    /// The state turned to `ncclSuccess`.
-    Done,
-    /// The state turned to this error.
-    Failed(c_int),
-    /// Still `ncclInProgress` once the timeout had passed.
-    TimedOut,
-}
-
-/// Reads `state` until it is something other than `ncclInProgress`, or until `elapsed` reaches
-/// `timeout`; `pause` runs between two reads with the time waited so far.
-pub(super) fn poll(
-    mut state: impl FnMut() -> Result<c_int, Error>,
-    timeout: Option<Duration>,
-    mut elapsed: impl FnMut() -> Duration,
-    mut pause: impl FnMut(Duration),
-) -> Result<Settled, Error> {
-    loop {
-        match state()? {
-            0 => return Ok(Settled::Done),
-            IN_PROGRESS => {}
-            code => return Ok(Settled::Failed(code)),
-        }
-        let waited = elapsed();
-        if timeout.is_some_and(|t| waited >= t) {
-            return Ok(Settled::TimedOut);
-        }
-        pause(waited);
-    }
-}
-
 /// The checks before `ncclCommInitRankConfig`, of [`Comm::from_devices_with`] and
 /// [`Comm::from_rank_with`]: not inside a group ([`MADE_IN_GROUP`]), the loaded NCCL and the
 /// function, and for a non-blocking communicator the functions it needs besides its creation (the
@@ -179,148 +145,6 @@ fn init_config(options: CommOptions) -> Result<(&'static Api, api::CommInitRankC
         api::function(api.comm_finalize, "ncclCommFinalize")?;
     }
     Ok((api, init))
-}
-
-impl Core {
-    /// Takes ownership of `raw`, a communicator NCCL has just made (or is making, for a
-    /// non-blocking one) on the device of `context`.
-    pub(super) fn own(raw: RawComm, context: &Arc<CudaContext>, options: CommOptions) -> Rc<Core> {
-        Rc::new(Core {
-            raw,
-            context: Arc::clone(context),
-            windows: core::cell::RefCell::new(Vec::new()),
-            registered: Cell::new(0),
-            deregistered: Cell::new(0),
-            aborted: Cell::new(false),
-            suspended: Cell::new(false),
-            blocking: options.blocking,
-            timeout: Cell::new(options.timeout),
-        })
-    }
-
-    /// After an NCCL call on this communicator that returned `code`: `Ok` for `ncclSuccess` on a
-    /// blocking communicator or inside a [`group`](super::group) (whose end settles it); on a
-    /// non-blocking one, `ncclSuccess` or `ncclInProgress` is [settled](Core::settle) before this
-    /// returns. Any other code is [`Error::Nccl`] naming `call`.
-    pub(super) fn finish(&self, code: c_int, call: &'static str) -> Result<(), Error> {
-        if self.blocking || in_group() || !(code == 0 || code == IN_PROGRESS) {
-            return api::check(code, call);
-        }
-        self.settle(call)
-    }
-
-    /// Polls `ncclCommGetAsyncError` until the operation `call` of this non-blocking communicator
-    /// has finished. On an error, a failed poll or a poll past the timeout, aborts the
-    /// communicator (`ncclCommAbort` joins NCCL's thread of the operation: nothing of it runs
-    /// once this returns) and returns the error: [`Error::Nccl`] naming `call`, with NCCL's code or
-    /// 8 (`ncclTimeout`).
-    pub(super) fn settle(&self, call: &'static str) -> Result<(), Error> {
-        const GET: &str = "ncclCommGetAsyncError";
-        let since = Instant::now();
-        let polled = api::api(GET)
-            .and_then(|api| api::function(api.comm_get_async_error, GET))
-            .and_then(|get| {
-                poll(
-                    || {
-                        self.live(GET)?;
-                        let mut state: c_int = 0;
-                        // SAFETY: a live communicator (not aborted: checked); `state` is writable
-                        // for the call. Polling is what NCCL asks for while an operation of a
-                        // non-blocking communicator is in progress.
-                        api::check(unsafe { get(self.raw, &raw mut state) }, GET)?;
-                        Ok(state)
-                    },
-                    self.timeout.get(),
-                    || since.elapsed(),
-                    pause,
-                )
-            });
-        let error = match polled {
-            Ok(Settled::Done) => return Ok(()),
-            Ok(Settled::Failed(code)) => Error::Nccl { call, code },
-            Ok(Settled::TimedOut) => Error::Nccl {
-                call,
-                code: TIMEOUT,
-            },
-            Err(e) => e,
-        };
-        // An abort that fails leaves nothing better to do: the error is returned either way.
-        let _ = self.abort();
-        Err(error)
-    }
-
-    /// `ncclCommFinalize`, [settled](Core::settle): the non-blocking teardown before
-    /// `ncclCommDestroy`. On any error the communicator is aborted (and freed by NCCL).
-    pub(super) fn finalize(&self) -> Result<(), Error> {
-        const CALL: &str = "ncclCommFinalize";
-        let finalized = api::api(CALL)
-            .and_then(|api| api::function(api.comm_finalize, CALL))
-            .and_then(|finalize| {
-                self.live(CALL)?;
-                // SAFETY: a live communicator that NCCL made, finalized once (only `Drop` calls
-                // this); no work of it is queued: every scope waited, every registration is gone.
-                let code = unsafe { finalize(self.raw) };
-                self.finish(code, CALL)
-            });
-        if finalized.is_err() {
-            let _ = self.abort();
-        }
-        finalized
-    }
-}
-
-/// The checks of [`Comm::from_devices`] and [`Comm::from_devices_with`]: one stream or more, one per
-/// device, each ordinal and the count fitting a C `int`. The device ordinals and the count.
-pub(super) fn clique(streams: &[Arc<CudaStream>]) -> Result<(Vec<c_int>, c_int), Error> {
-    if streams.is_empty() {
-        return Err(Error::ZeroSize {
-            what: "list of streams",
-        });
-    }
-    let mut ordinals = Vec::with_capacity(streams.len());
-    for stream in streams {
-        let ordinal =
-            c_int::try_from(stream.context().ordinal()).map_err(|_| Error::InvalidArgument {
-                what: "device ordinal",
-            })?;
-        if ordinals.contains(&ordinal) {
-            return Err(Error::InvalidArgument {
-                what: "list of streams with two streams of one device (NCCL takes one rank per GPU)",
-            });
-        }
-        ordinals.push(ordinal);
-    }
-    let count = c_int::try_from(streams.len()).map_err(|_| Error::InvalidArgument {
-        what: "number of ranks",
-    })?;
-    Ok((ordinals, count))
-}
-
-/// The checks of [`Comm::from_rank`] and [`Comm::from_rank_with`]: the rank inside the clique,
-/// both fitting a C `int`.
-pub(super) fn rank_and_size(rank: usize, size: usize) -> Result<(c_int, c_int), Error> {
-    if rank >= size {
-        return Err(Error::OutOfBounds {
-            what: "clique",
-            start: rank,
-            end: rank.saturating_add(1),
-            len: size,
-        });
-    }
-    c_int::try_from(rank)
-        .ok()
-        .zip(c_int::try_from(size).ok())
-        .ok_or(Error::InvalidArgument {
-            what: "rank or clique size",
-        })
-}
-
-/// `cuCtxSetCurrent` of the stream's context: NCCL makes a communicator on the current device.
-pub(super) fn bind(stream: &CudaStream) -> Result<(), Error> {
-    let context: sys::CUcontext = stream.context().cu_ctx().cast();
-    // SAFETY: the stream's context, kept retained by its `CudaContext`.
-    check_driver(unsafe { sys::make_current(context) })?;
-    Ok(())
 }
 
 /// Why a communicator is not made inside a group.
@@ -411,7 +235,9 @@ impl Comm {
         let cores: Vec<Rc<Core>> = raw
             .into_iter()
             .zip(streams)
-            .map(|(raw, stream)| Core::own(raw, stream.context(), options))
+            .map(|(raw, stream)| {
+                Core::own(raw, stream.context(), options.blocking, options.timeout)
+            })
             .collect();
         for core in &cores {
             if let Err(error) = core.finish(ended, CALL) {
@@ -483,7 +309,7 @@ impl Comm {
                 why: "NCCL returned success with a null communicator",
             });
         }
-        let owned = Core::own(raw, stream.context(), options);
+        let owned = Core::own(raw, stream.context(), options.blocking, options.timeout);
         owned.finish(code, CALL)?;
         Comm::with_core(owned, stream, rank, size)
     }
@@ -499,61 +325,7 @@ impl Comm {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fake state: the codes in turn, the last one for ever, on a fake clock that each pause
-    /// moves on by `step`. What it came to, and how many pauses it took.
-    fn run(codes: &[c_int], timeout: Option<Duration>, step: Duration) -> (Settled, usize) {
-        let mut reads = codes.iter().copied();
-        let last = codes.last().copied().unwrap_or(0);
-        let clock = Cell::new(Duration::ZERO);
-        let pauses = Cell::new(0);
-        let settled = poll(
-            || Ok(reads.next().unwrap_or(last)),
-            timeout,
-            || clock.get(),
-            |_| {
-                pauses.set(pauses.get() + 1);
-                clock.set(clock.get() + step);
-            },
-        )
-        .unwrap();
-        (settled, pauses.get())
-    }
-
-    #[test]
-    fn in_progress_is_polled_until_it_turns() {
-        let ms = Duration::from_millis(1);
-        assert_eq!(run(&[0], None, ms), (Settled::Done, 0));
-        assert_eq!(run(&[7, 7, 7, 0], None, ms), (Settled::Done, 3));
-        assert_eq!(run(&[7, 6], None, ms), (Settled::Failed(6), 1));
-        assert_eq!(run(&[3], Some(Duration::ZERO), ms), (Settled::Failed(3), 0));
-        // Never turns: the timeout ends it, after as many pauses as fit in it.
-        assert_eq!(
-            run(&[7], Some(Duration::from_millis(5)), ms),
-            (Settled::TimedOut, 5)
-        );
-        // A state that turns at the last poll before the timeout is done, not timed out.
-        assert_eq!(
-            run(&[7, 7, 0], Some(Duration::from_millis(2)), ms),
-            (Settled::Done, 2)
-        );
-    }
-
-    #[test]
-    fn a_failed_poll_is_the_error() {
-        let failed = poll(
-            || {
-                Err(Error::NcclRefused {
-                    call: "x",
-                    why: "y",
-                })
-            },
-            None,
-            || Duration::ZERO,
-            |_| {},
-        );
-        assert!(matches!(failed, Err(Error::NcclRefused { .. })));
-    }
+    use core::ffi::c_int;
 
     #[test]
     fn options_are_built() {
@@ -577,15 +349,5 @@ mod tests {
         assert_eq!(config.blocking, 0);
         assert_eq!(config.undefined, c_int::MIN);
         assert_eq!(RawConfig::new(true).blocking, 1);
-    }
-
-    #[test]
-    fn cliques_are_checked() {
-        assert!(matches!(clique(&[]), Err(Error::ZeroSize { .. })));
-        assert_eq!(rank_and_size(1, 2), Ok((1, 2)));
-        assert!(matches!(
-            rank_and_size(2, 2),
-            Err(Error::OutOfBounds { len: 2, .. })
-        ));
     }
 }

@@ -12,7 +12,9 @@ use core::ffi::c_int;
 use ::cudarc::driver::DeviceSlice as CudarcSlice;
 
 use super::api;
-use super::scope::{CommScope, in_group, join_group};
+use super::group::join_group;
+use super::handle::in_group;
+use super::scope::CommScope;
 use super::{NcclType, Source};
 use crate::error::Error;
 use crate::interop::cudarc::LentMut;

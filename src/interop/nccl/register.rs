@@ -11,7 +11,9 @@ use std::rc::Rc;
 use bytemuck::Pod;
 
 use super::api::{self, RawWindow, WIN_COLL_SYMMETRIC};
-use super::{Comm, Core, in_group, no_foreign_group, not_capturing};
+use super::comm::Comm;
+use super::group::no_foreign_group;
+use super::handle::{Core, in_group, not_capturing};
 use crate::device::Device;
 use crate::error::Error;
 use crate::owned::{GrantedMapping, VirtualBuffer};
@@ -77,6 +79,17 @@ impl<M: AccessMode> fmt::Debug for Registration<'_, '_, M> {
             .field("bytes", &self.bytes)
             .field("comm", self.comm)
             .finish_non_exhaustive()
+    }
+}
+
+impl Comm {
+    /// How many local registrations of this communicator were made and deregistered so far.
+    #[must_use]
+    pub fn registration_stats(&self) -> RegistrationStats {
+        RegistrationStats {
+            registered: self.core.registered.get(),
+            deregistered: self.core.deregistered.get(),
+        }
     }
 }
 

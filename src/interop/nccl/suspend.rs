@@ -9,18 +9,14 @@
 //! so no scope, registration or group member of the communicator is alive across either call, and
 //! every use between them is refused at run time ([`Error::NcclRefused`]).
 
-use super::Comm;
 use super::api::{self, IN_PROGRESS, SUSPEND_MEM};
+use super::comm::Comm;
 use crate::error::Error;
 
 /// Why the suspend functions are missing.
 const NEEDS_2_29_7: &str = "the loaded NCCL library has no ncclCommSuspend and ncclCommResume \
                             (they came with NCCL 2.29.7): keep the communicator, or destroy it and \
                             make it again";
-
-/// Why a call on a suspended communicator is refused.
-pub(super) const SUSPENDED: &str = "the communicator is suspended (Comm::suspend): resume it with \
-                                    Comm::resume first";
 
 impl Comm {
     /// `ncclCommSuspend` with `NCCL_SUSPEND_MEM` — give back the communicator's suspendable device

@@ -7,12 +7,10 @@
 
 use core::ops::RangeBounds;
 
-use super::evict::check_not_evicted;
 use super::{BUDGET, VirtualBuffer};
 use crate::device::Device;
 use crate::error::Error;
 use crate::ipc::{DmaBufChunk, DmaBufExport, DmaBufLayout, export_range};
-use crate::owned::pages::{Span, check_covered, pages_inside};
 use crate::sys;
 use crate::view::range_bounds;
 use crate::vmm::access::AccessMode;
@@ -85,18 +83,12 @@ impl<M: AccessMode> VirtualBuffer<M> {
         }
         let pages: Vec<Planned> = {
             let table = self.lock();
-            check_not_evicted(&table.evicted, start, end)?;
-            check_covered(&table.pages, start, end)?;
-            let span = pages_inside(&table.pages, start, end)?;
-            let inside = table.pages.get(span).unwrap_or_default();
-            inside
-                .iter()
-                .map(|p| {
-                    (
-                        p.start(),
-                        p.end(),
-                        (p.device, p.memory.allocation().options()),
-                    )
+            table.usable(start, end)?;
+            table
+                .pages_in(start, end)?
+                .filter_map(|p| {
+                    let key = (p.device()?, p.allocation()?.options());
+                    Some((p.offset(), p.end(), key))
                 })
                 .collect()
         };

@@ -4,114 +4,15 @@
 
 use core::fmt;
 use core::ops::{Range, RangeBounds};
+use std::sync::PoisonError;
 
-use super::{BUDGET, Memory, Table, VirtualBuffer, bump, unmap_span};
-use crate::device::Device;
-use crate::error::{Error, check};
-use crate::owned::pages::{RETIRED, Span, insertion_point, pages_inside};
+use super::page::{Memory, Piece};
+use super::{BUDGET, VirtualBuffer};
+use crate::error::Error;
 use crate::stream::PinnedBuffer;
-use crate::sys;
 use crate::view::range_bounds;
-use crate::vmm::access::ReadWrite;
+use crate::vmm::access::{AccessMode, ReadWrite};
 use crate::vmm::physical::PhysicalAllocation;
-
-/// What an evicted range's bytes are, in errors.
-pub(super) const EVICTED: &str =
-    "are evicted: their bytes are in host memory until VirtualBuffer::restore maps them again";
-
-/// Refuses `[start, end)` where it shares a byte with an evicted range of `evicted` (sorted,
-/// disjoint), naming that range.
-pub(super) fn check_not_evicted(
-    evicted: &[(usize, usize)],
-    start: usize,
-    end: usize,
-) -> Result<(), Error> {
-    if start >= end {
-        return Ok(());
-    }
-    let index = evicted.partition_point(|e| e.1 <= start);
-    match evicted.get(index) {
-        Some(&(s, e)) if s < end => Err(Error::PageRange {
-            start: s,
-            end: e,
-            problem: EVICTED,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// The pages of `table` inside `[start, end)`, checked for an eviction before any driver call: at
-/// least one, none retired, every one granted and owned by the buffer (not a share).
-pub(super) fn evictable_pieces(
-    table: &Table,
-    start: usize,
-    end: usize,
-) -> Result<Vec<Piece>, Error> {
-    let span = pages_inside(&table.pages, start, end)?;
-    let pages = table.pages.get(span).unwrap_or_default();
-    if pages.is_empty() {
-        return Err(Error::PageRange {
-            start,
-            end,
-            problem: "hold no page to evict",
-        });
-    }
-    let mut pieces = Vec::with_capacity(pages.len());
-    for page in pages {
-        let problem = if page.retired {
-            Some(RETIRED)
-        } else if !page.granted {
-            Some("are mapped but not granted (undoing a failed grant failed): not readable")
-        } else if matches!(page.memory, Memory::Shared(_)) {
-            Some("are a shared page, whose memory its other shares keep: evicting it frees nothing")
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
-            return Err(Error::PageRange {
-                start: page.start(),
-                end: page.end(),
-                problem,
-            });
-        }
-        pieces.push(Piece {
-            offset: page.offset,
-            size: page.memory.size(),
-            device: page.device,
-        });
-    }
-    Ok(pieces)
-}
-
-/// Refuses `pieces` unless each is still an evicted range of `table` (a handle restored already is
-/// not restored again).
-pub(super) fn check_still_evicted(table: &Table, pieces: &[Piece]) -> Result<(), Error> {
-    match pieces
-        .iter()
-        .find(|p| !table.evicted.contains(&(p.offset, p.end())))
-    {
-        Some(piece) => Err(Error::PageRange {
-            start: piece.offset,
-            end: piece.end(),
-            problem: "are not evicted (the handle was restored already?)",
-        }),
-        None => Ok(()),
-    }
-}
-
-/// One evicted page: where it was, its size and its device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Piece {
-    pub(super) offset: usize,
-    pub(super) size: usize,
-    pub(super) device: Device,
-}
-
-impl Piece {
-    pub(super) fn end(&self) -> usize {
-        self.offset.saturating_add(self.size)
-    }
-}
 
 /// The bytes of a [`VirtualBuffer`]'s evicted pages, in pinned host memory, and where the pages
 /// were: made by [`VirtualBuffer::evict`], consumed by [`VirtualBuffer::restore`], which maps new
@@ -284,7 +185,7 @@ impl From<NotRestored> for Error {
     }
 }
 
-impl<M: crate::vmm::access::AccessMode> VirtualBuffer<M> {
+impl<M: AccessMode> VirtualBuffer<M> {
     /// The bytes of evicted pages not restored yet.
     ///
     /// # Examples
@@ -302,10 +203,7 @@ impl<M: crate::vmm::access::AccessMode> VirtualBuffer<M> {
     /// ```
     #[must_use]
     pub fn evicted_bytes(&self) -> usize {
-        self.lock()
-            .evicted
-            .iter()
-            .fold(0usize, |sum, e| sum.saturating_add(e.1.saturating_sub(e.0)))
+        self.lock().evicted_bytes()
     }
 }
 
@@ -428,8 +326,9 @@ impl VirtualBuffer<ReadWrite> {
         host: Option<PinnedBuffer<u8>>,
     ) -> Result<Evicted, Error> {
         let (start, end) = range_bounds(range, self.budget, BUDGET)?;
-        self.reclaim_all_finished();
-        let pieces = self.evictable(start, end)?;
+        let table = self.table_mut();
+        table.reclaim_finished();
+        let pieces = table.evictable(start, end)?;
         let total = pieces.iter().try_fold(0usize, |sum, p| {
             sum.checked_add(p.size).ok_or(Error::Overflow {
                 what: "evicted bytes",
@@ -458,7 +357,7 @@ impl VirtualBuffer<ReadWrite> {
             unsafe { view.copy_to_host_raw(host.wrapping_add(at))? };
             at = at.saturating_add(piece.size);
         }
-        let (evicted, refused) = self.unmap_evicted(&pieces);
+        let (evicted, refused) = self.table_mut().evict(&pieces);
         let evicted = Evicted {
             buffer: self.id,
             pieces: evicted,
@@ -482,43 +381,6 @@ impl VirtualBuffer<ReadWrite> {
                 None => refused.error,
             }),
         }
-    }
-
-    /// The pages inside `[start, end)`, checked for an eviction before any driver call.
-    fn evictable(&mut self, start: usize, end: usize) -> Result<Vec<Piece>, Error> {
-        evictable_pieces(self.table_mut(), start, end)
-    }
-
-    /// Unmaps and releases the pages of `pieces`, in order, marking each range evicted; stops at
-    /// the first refused unmap. The pieces evicted, and the refusal.
-    fn unmap_evicted(&mut self, pieces: &[Piece]) -> (Vec<Piece>, Option<crate::DriverError>) {
-        let base = self.base;
-        let table = self.table_mut();
-        let mut evicted = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            let Some(index) = table.pages.iter().position(|p| p.offset == piece.offset) else {
-                continue;
-            };
-            bump(&mut table.stats.unmap_calls);
-            // SAFETY: the page's whole mapping, made by `map_at`, unmapped once: it leaves the
-            // table below. It is neither retired nor shared (checked), no view lives (`&mut
-            // self`), every copy through one finished before it returned (the copy to host above
-            // too), and every scope that lent one has waited for its work.
-            let unmapped = check(unsafe {
-                sys::cuMemUnmap(base.wrapping_add(piece.offset as u64), piece.size)
-            });
-            if let Err(error) = unmapped {
-                return (evicted, Some(error));
-            }
-            let page = table.pages.remove(index);
-            bump(&mut table.stats.pages_released);
-            bump(&mut table.stats.pages_evicted);
-            // Ignored, as in `drop`: the page is unmapped and gone either way (see `evict`).
-            let _ = page.memory.release_code();
-            mark_evicted(table, core::slice::from_ref(piece));
-            evicted.push(*piece);
-        }
-        (evicted, None)
     }
 
     /// `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemcpyHtoD` — restore the pages of
@@ -611,38 +473,25 @@ impl VirtualBuffer<ReadWrite> {
     }
 
     fn restore_pieces(&mut self, evicted: &Evicted) -> Result<(), Error> {
-        self.reclaim_all_finished();
-        check_still_evicted(self.table_mut(), &evicted.pieces)?;
-        let memories = self.memories_for(&evicted.pieces)?;
+        let pieces = &evicted.pieces;
+        let table = self.table_mut();
+        table.reclaim_finished();
+        table.check_still_evicted(pieces.iter().map(|p| p.offset..p.end()))?;
+        let memories = self.memories_for(pieces)?;
         {
-            let mut table = self.lock();
-            let mut mapped = 0usize;
-            for (piece, memory) in evicted.pieces.iter().zip(memories) {
-                let index =
-                    insertion_point(&table.pages, piece.offset, piece.end()).and_then(|index| {
-                        self.map_at(
-                            &mut table,
-                            index,
-                            piece.offset,
-                            Memory::Own(memory),
-                            piece.device,
-                        )
-                    });
-                if let Err(error) = index {
-                    drop(table);
+            let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
+            for (index, (piece, memory)) in pieces.iter().zip(memories).enumerate() {
+                let mapped =
+                    table.restore(piece, Memory::Own(memory), &self.access, ReadWrite::FLAGS);
+                if let Err(error) = mapped {
                     // The refused piece too: where undoing its grant failed, its page stayed.
-                    let tried = mapped.saturating_add(1);
-                    let base = self.base;
-                    let pieces = evicted.pieces.get(..tried).unwrap_or(&evicted.pieces);
-                    undo_restore(base, self.table_mut(), pieces);
+                    table.unrestore(pieces.get(..=index).unwrap_or(pieces));
                     return Err(error);
                 }
-                mapped = mapped.saturating_add(1);
             }
-            clear_evicted(&mut table, &evicted.pieces);
         }
         let mut at = 0usize;
-        for piece in &evicted.pieces {
+        for piece in pieces {
             let to = at.saturating_add(piece.size);
             let copied = evicted
                 .bytes
@@ -655,82 +504,12 @@ impl VirtualBuffer<ReadWrite> {
                         .copy_from_host(host)
                 });
             if let Err(error) = copied {
-                let base = self.base;
-                let table = self.table_mut();
-                undo_restore(base, table, &evicted.pieces);
-                mark_evicted(table, &evicted.pieces);
+                self.table_mut().unrestore(pieces);
                 return Err(error);
             }
             at = to;
         }
-        let table = self.table_mut();
-        for _ in &evicted.pieces {
-            bump(&mut table.stats.pages_restored);
-        }
+        self.table_mut().restored(pieces, false);
         Ok(())
-    }
-}
-
-/// Marks the ranges of `pieces` evicted in `table` (kept sorted and disjoint): no view, lend or new
-/// page reaches them until [`clear_evicted`].
-pub(super) fn mark_evicted(table: &mut Table, pieces: &[Piece]) {
-    for piece in pieces {
-        let at = table.evicted.partition_point(|e| e.0 < piece.offset);
-        table.evicted.insert(at, (piece.offset, piece.end()));
-    }
-}
-
-/// Takes the evicted marks of `pieces` off `table`: their ranges are mapped again, or the eviction
-/// was undone.
-pub(super) fn clear_evicted(table: &mut Table, pieces: &[Piece]) {
-    table
-        .evicted
-        .retain(|e| !pieces.iter().any(|p| (p.offset, p.end()) == *e));
-}
-
-/// Unmaps and releases the pages just mapped at `pieces` by a restore that failed (host-waiting or
-/// stream-ordered, each with its copies finished or none queued); a retired page of an earlier
-/// mapping at the same offset is left to its release. Errors are ignored (a page the driver
-/// refuses to unmap stays in the buffer, and the next unmap or the drop tries it again).
-pub(super) fn undo_restore(base: u64, table: &mut Table, pieces: &[Piece]) {
-    for piece in pieces {
-        if let Some(index) = table
-            .pages
-            .iter()
-            .position(|p| p.offset == piece.offset && !p.retired)
-        {
-            let _ = unmap_span(base, table, index..index.saturating_add(1));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{EVICTED, check_not_evicted};
-    use crate::Error;
-
-    #[test]
-    fn evicted_ranges_are_refused_by_name() {
-        let evicted = [(4, 8), (12, 16)];
-        assert_eq!(check_not_evicted(&evicted, 0, 4), Ok(()));
-        assert_eq!(check_not_evicted(&evicted, 8, 12), Ok(()));
-        assert_eq!(
-            check_not_evicted(&evicted, 6, 7),
-            Err(Error::PageRange {
-                start: 4,
-                end: 8,
-                problem: EVICTED
-            })
-        );
-        assert_eq!(
-            check_not_evicted(&evicted, 9, 20),
-            Err(Error::PageRange {
-                start: 12,
-                end: 16,
-                problem: EVICTED
-            })
-        );
-        assert_eq!(check_not_evicted(&evicted, 5, 5), Ok(()), "an empty range");
-        assert_eq!(check_not_evicted(&[], 0, 100), Ok(()));
     }
 }

@@ -7,121 +7,14 @@ use core::fmt;
 use core::ops::{Deref, DerefMut};
 use std::os::fd::AsFd;
 
-use super::{BUDGET, Memory, Page, VirtualBuffer};
+use super::page::{Memory, PageOptions};
+use super::{BUDGET, VirtualBuffer};
 use crate::device::Device;
 use crate::error::Error;
 use crate::ipc::{BufferInfo, BufferPiece, ExportedBuffer, check_importable, export_fd, import_fd};
-use crate::owned::pages::{Span, check_new_range, insertion_point};
+use crate::owned::pages::check_new_range;
 use crate::vmm::access::{AccessMode, ReadWrite};
-use crate::vmm::physical::{AllocationOptions, HandleKinds};
-
-/// What every page of a [`VirtualBuffer`] is created with, whatever its device: the kinds of
-/// shareable handle it can be exported as (`requestedHandleTypes`) and whether it is `GPUDirect`
-/// RDMA capable (`allocFlags.gpuDirectRDMACapable`). Given to
-/// [`VirtualBuffer::with_options`], which checks it once against every device of the access set.
-///
-/// # Examples
-/// ```
-/// use cuda_vmm::owned::PageOptions;
-/// use cuda_vmm::vmm::HandleKinds;
-///
-/// let options = PageOptions::posix_fd().with_rdma(true);
-/// assert!(options.handle_kinds().contains(HandleKinds::POSIX_FD));
-/// assert!(options.rdma());
-/// assert_eq!(PageOptions::new(), PageOptions::default());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct PageOptions {
-    handle_kinds: HandleKinds,
-    rdma: bool,
-}
-
-impl PageOptions {
-    /// Plain pages: not exportable, not RDMA-flagged (what [`VirtualBuffer::new`] uses).
-    #[must_use]
-    pub const fn new() -> PageOptions {
-        PageOptions {
-            handle_kinds: HandleKinds::NONE,
-            rdma: false,
-        }
-    }
-
-    /// Pages exportable as POSIX file descriptors, so that [`ExportableBuffer::export`] can share
-    /// them with another process of the machine.
-    ///
-    /// # Examples
-    /// ```
-    /// # use cuda_vmm::{owned::PageOptions, vmm::HandleKinds};
-    /// assert_eq!(PageOptions::posix_fd().handle_kinds(), HandleKinds::POSIX_FD);
-    /// ```
-    #[must_use]
-    pub const fn posix_fd() -> PageOptions {
-        PageOptions::new().with_handle_kinds(HandleKinds::POSIX_FD)
-    }
-
-    /// The same options, exportable as every kind of `kinds`; replaces the kinds asked for before.
-    ///
-    /// # Examples
-    /// ```
-    /// # use cuda_vmm::{owned::PageOptions, vmm::HandleKinds};
-    /// let options = PageOptions::new().with_handle_kinds(HandleKinds::POSIX_FD | HandleKinds::FABRIC);
-    /// assert!(options.handle_kinds().contains(HandleKinds::FABRIC));
-    /// ```
-    #[must_use]
-    pub const fn with_handle_kinds(self, kinds: HandleKinds) -> PageOptions {
-        PageOptions {
-            handle_kinds: kinds,
-            rdma: self.rdma,
-        }
-    }
-
-    /// The same options, `GPUDirect` RDMA capable or not.
-    ///
-    /// # Examples
-    /// ```
-    /// # use cuda_vmm::owned::PageOptions;
-    /// assert!(PageOptions::new().with_rdma(true).rdma());
-    /// ```
-    #[must_use]
-    pub const fn with_rdma(self, rdma: bool) -> PageOptions {
-        PageOptions {
-            handle_kinds: self.handle_kinds,
-            rdma,
-        }
-    }
-
-    /// The kinds of shareable handle every page can be exported as.
-    #[must_use]
-    pub const fn handle_kinds(&self) -> HandleKinds {
-        self.handle_kinds
-    }
-
-    /// Whether every page is asked `GPUDirect` RDMA capable.
-    #[must_use]
-    pub const fn rdma(&self) -> bool {
-        self.rdma
-    }
-
-    /// The allocation options of a page of `device`'s memory made with these options.
-    ///
-    /// # Examples
-    /// ```no_run
-    /// # use cuda_vmm::{Device, owned::PageOptions, vmm::{HandleKinds, Location}};
-    /// # fn main() -> cuda_vmm::Result<()> {
-    /// let device = Device::get(0)?;
-    /// let options = PageOptions::posix_fd().for_device(device);
-    /// assert_eq!(options.location, Location::Device(device));
-    /// assert!(options.handle_kinds().contains(HandleKinds::POSIX_FD));
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn for_device(self, device: Device) -> AllocationOptions {
-        AllocationOptions::device(device)
-            .with_handle_kinds(self.handle_kinds)
-            .with_rdma(self.rdma)
-    }
-}
+use crate::vmm::physical::{HandleKinds, PhysicalAllocation};
 
 impl<M: AccessMode> VirtualBuffer<M> {
     /// `cuMemAddressReserve` — as [`new`](VirtualBuffer::new), for a buffer whose pages are all
@@ -237,19 +130,19 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 check_new_range(range, piece.offset(), piece.size(), piece.granularity())?;
             }
             for ((piece, fd), device) in exported.pieces().zip(pieces) {
-                let index = insertion_point(&table.pages, piece.offset(), piece.end())?;
+                table.check_vacant(piece.offset(), piece.end())?;
                 let memory = import_fd(
                     fd.as_fd(),
                     piece.size(),
                     piece.device_ordinal(),
                     piece.granularity(),
                 )?;
-                buffer.map_at(
-                    &mut table,
-                    index,
+                table.map(
                     piece.offset(),
                     Memory::Own(memory),
                     device,
+                    &buffer.access,
+                    M::FLAGS,
                 )?;
             }
         }
@@ -471,34 +364,36 @@ impl<M: AccessMode> ExportableBuffer<M> {
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export(&self) -> Result<ExportedBuffer, Error> {
         let table = self.0.lock();
-        let pages: Vec<&Page> = table.pages.iter().filter(|p| !p.retired).collect();
+        let pages: Vec<(usize, usize, Device, &PhysicalAllocation)> = table
+            .unretired_pages()
+            .filter_map(|p| Some((p.offset(), p.end(), p.device()?, p.allocation()?)))
+            .collect();
         let mut pieces = Vec::with_capacity(pages.len());
-        for page in &pages {
-            let memory = page.memory.allocation();
+        for &(start, end, device, memory) in &pages {
             if !memory
                 .options()
                 .handle_kinds()
                 .contains(HandleKinds::POSIX_FD)
             {
                 return Err(Error::PageRange {
-                    start: page.start(),
-                    end: page.end(),
+                    start,
+                    end,
                     problem: "are a page that is not exportable as a POSIX file descriptor \
                               (a shared page made without a POSIX-fd handle kind, or imported \
                               from another process, which is not exported again)",
                 });
             }
             pieces.push(BufferPiece::new(
-                page.offset,
+                start,
                 memory.size(),
-                page.device.ordinal(),
+                device.ordinal(),
                 memory.granularity(),
             )?);
         }
         let info = BufferInfo::new(self.0.budget, pieces)?;
         let fds = pages
             .iter()
-            .map(|page| export_fd(page.memory.allocation()))
+            .map(|&(_, _, _, memory)| export_fd(memory))
             .collect::<Result<Vec<_>, Error>>()?;
         ExportedBuffer::from_parts(fds, info)
     }
@@ -507,8 +402,9 @@ impl<M: AccessMode> ExportableBuffer<M> {
 #[cfg(test)]
 mod tests {
     use super::{ExportableBuffer, PageOptions};
+    use crate::error::Error;
     use crate::vmm::HandleKinds;
-    use crate::{Error, ReadWrite};
+    use crate::vmm::ReadWrite;
 
     #[test]
     fn an_exportable_buffer_needs_posix_fd_pages_before_any_driver_call() {

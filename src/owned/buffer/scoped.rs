@@ -6,17 +6,20 @@ use core::ops::RangeBounds;
 
 use bytemuck::Pod;
 
-use super::evict::check_not_evicted;
-use super::retire::EachStream;
+use super::retiring::EachStream;
 use super::{BUDGET, BufferStats, PageInfo, VirtualBuffer};
 use crate::device::{Context, Device};
 use crate::error::Error;
-use crate::owned::pages::check_covered;
 use crate::owned::shared::SharedPage;
-use crate::stream::lend::{Origin, Registry, Rewritable, ScopedRead, reachable, sealed};
-use crate::stream::{Scope, Stream};
+use crate::stream::Rewritable;
+use crate::stream::lend::{Origin, Registry};
+use crate::stream::{DeviceInFlight, Scope, Stream};
 use crate::view::{DeviceSlice, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite, elements};
+
+mod evict;
+
+pub use evict::EvictedInFlight;
 
 /// A [`VirtualBuffer`] lent to one [`scope`](crate::scope) for all of it, so that its pages change
 /// while the scope's work runs: it grows, lends views of its pages to queued work, and retires pages
@@ -25,7 +28,7 @@ use crate::vmm::access::{AccessMode, ReadWrite, elements};
 ///
 /// Made by [`VirtualBuffer::in_scope`]; a `Copy` handle, shared with threads that queue work too.
 ///
-/// - **Views are lendables, not slices.** [`read`](ScopedBuffer::read) gives a [`BufferRead`],
+/// - **Views are lendables, not slices.** [`read`](ScopedBuffer::read) gives a [`DeviceInFlight`],
 ///   [`write`](ScopedBuffer::write) a [`Rewritable`]: values that only queued work on the scope's
 ///   streams takes (as arguments of [`ScopedStream`](crate::stream::ScopedStream)'s copies and
 ///   launches), checked again at every lend: a view of a retired page is refused then
@@ -104,7 +107,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         &'scope mut self,
         scope: &'scope Scope<'scope, '_>,
     ) -> ScopedBuffer<'scope, M> {
-        self.table_mut().claims.clear();
+        self.table_mut().clear_claims();
         ScopedBuffer {
             buffer: self,
             streams: scope.registry(),
@@ -196,8 +199,8 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     }
 
     /// The bytes `bytes` (counted from the base) as `T`s, lent for reading to queued work on the
-    /// scope's streams, copied through the first context of the access set: a [`BufferRead`]. No
-    /// driver call.
+    /// scope's streams, copied through the first context of the access set: a [`DeviceInFlight`].
+    /// No driver call.
     ///
     /// # Errors
     /// As [`VirtualBuffer::slice_bytes`] ([`Error::PageRange`] also for a retired page), and
@@ -205,7 +208,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     pub fn read<T: Pod>(
         &self,
         bytes: impl RangeBounds<usize>,
-    ) -> Result<BufferRead<'scope, T>, Error> {
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
         let context = self.buffer.first_context()?;
         self.read_through(bytes, context)
     }
@@ -220,7 +223,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         &self,
         device: Device,
         bytes: impl RangeBounds<usize>,
-    ) -> Result<BufferRead<'scope, T>, Error> {
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
         let context = self.buffer.context_of(device)?;
         self.read_through(bytes, context)
     }
@@ -229,9 +232,9 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         &self,
         bytes: impl RangeBounds<usize>,
         context: &'scope Context,
-    ) -> Result<BufferRead<'scope, T>, Error> {
+    ) -> Result<DeviceInFlight<'scope, T>, Error> {
         let (view, origin) = self.lend_range(bytes, context, false)?;
-        Ok(BufferRead { view, origin })
+        Ok(DeviceInFlight::new(view, Some(origin)))
     }
 
     /// Checks `bytes` as a view of `T`s and claims them, for writing or reading: the view and where
@@ -246,17 +249,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
         let len = elements::<T>(end - start)?;
         elements::<T>(start)?;
-        let epoch = {
-            let mut table = buffer.lock();
-            check_not_evicted(&table.evicted, start, end)?;
-            check_covered(&table.pages, start, end)?;
-            if write {
-                table.claims.write(start, end)?;
-            } else {
-                table.claims.read(start, end)?;
-            }
-            table.epoch
-        };
+        let epoch = buffer.lock().claim(start, end, write)?;
         // Every byte is on a page mapped and granted to every device of the access set (checked),
         // `context`'s among them. It stays mapped while `'scope` lasts unless a retire of this
         // handle takes it, and every lend of the view is admitted again by the table first, which
@@ -277,11 +270,11 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
 
     /// `cuEventRecord` — retire the pages inside the byte range `bytes` after all the work queued so
     /// far on every stream of the scope, without waiting; returns how many pages were retired. From
-    /// now on no view of them is lent (a [`BufferRead`], [`Rewritable`] or
-    /// [`DeviceInFlight`](crate::stream::DeviceInFlight) of them is refused at its next lend) and no
-    /// page is mapped over them; they are unmapped and released once every event has completed, by
-    /// [`reclaim`](ScopedBuffer::reclaim), a later grow, map or retire, or the buffer's drop. The
-    /// claims on the range are forgotten, so a page mapped there later is lent anew.
+    /// now on no view of them is lent (a [`DeviceInFlight`] or [`Rewritable`] of them is refused at
+    /// its next lend) and no page is mapped over them; they are unmapped and released once every
+    /// event has completed, by [`reclaim`](ScopedBuffer::reclaim), a later grow, map or retire, or
+    /// the buffer's drop. The claims on the range are forgotten, so a page mapped there later is
+    /// lent anew.
     ///
     /// # Errors
     /// Before any driver call: [`Error::OutOfBounds`], and [`Error::PageRange`] where a page
@@ -306,8 +299,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     /// As [`VirtualBuffer::reclaim`].
     #[doc(alias = "cuEventQuery")]
     pub fn reclaim(&self) -> Result<usize, Error> {
-        let mut table = self.buffer.lock();
-        self.buffer.reclaim_pages(&mut table)
+        self.buffer.lock().reclaim()
     }
 }
 
@@ -353,67 +345,5 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             origin: Some(origin),
             stream: None,
         })
-    }
-}
-
-/// Bytes of a [`ScopedBuffer`] lent for reading to queued work on the scope's streams: an argument of
-/// [`ScopedStream`](crate::stream::ScopedStream)'s copies and launches, as a read-only view is.
-/// Checked again at every lend: refused once its pages are retired. A `Copy` handle that gives the
-/// host nothing (no host read, no view), since its memory can leave while it lives.
-///
-/// # Lifetimes
-/// `'scope` is the scope's, for which the buffer is lent.
-pub struct BufferRead<'scope, T> {
-    view: DeviceSlice<'scope, T>,
-    origin: Origin<'scope>,
-}
-
-impl<T> Clone for BufferRead<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for BufferRead<'_, T> {}
-
-impl<T> fmt::Debug for BufferRead<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("BufferRead").field(&self.view).finish()
-    }
-}
-
-impl<T: Pod> BufferRead<'_, T> {
-    /// The number of values.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.view.len()
-    }
-
-    /// Whether there are none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.view.is_empty()
-    }
-
-    /// The device whose context the view's copies run in.
-    #[must_use]
-    pub fn device(&self) -> Device {
-        self.view.device()
-    }
-
-    /// The device address of the first value: an escape hatch that owns nothing and frees nothing,
-    /// valid only until the range is retired and its work has finished.
-    #[must_use]
-    pub fn as_raw_ptr(&self) -> u64 {
-        self.view.as_raw_ptr()
-    }
-}
-
-impl<T: Pod> sealed::Read for BufferRead<'_, T> {}
-impl<'scope, T: Pod> ScopedRead<'scope, T> for BufferRead<'scope, T> {
-    fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
-        sealed::Lent::admit(self.view, Some(self.origin), token)
-    }
-    fn check_reach(&self, device: Device) -> Result<(), Error> {
-        reachable(&self.view, device)
     }
 }

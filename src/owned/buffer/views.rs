@@ -5,11 +5,10 @@ use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
-use super::evict::check_not_evicted;
 use super::{BUDGET, VirtualBuffer};
 use crate::device::{Context, Device};
 use crate::error::Error;
-use crate::owned::pages::check_covered;
+use crate::stream::{Covers, Rebind};
 use crate::view::{DeviceSlice, DeviceSliceMut, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite, elements};
 
@@ -20,10 +19,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;
-        let table = self.lock();
-        check_not_evicted(&table.evicted, start, end)?;
-        check_covered(&table.pages, start, end)?;
-        drop(table);
+        self.lock().usable(start, end)?;
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
@@ -38,9 +34,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         end: usize,
         device: Device,
     ) -> Result<u64, Error> {
-        let table = self.table_mut();
-        check_not_evicted(&table.evicted, start, end)?;
-        check_covered(&table.pages, start, end)?;
+        self.table_mut().usable(start, end)?;
         if self.context_of(device).is_err() {
             return Err(Error::NoPeerAccess {
                 device: device.as_raw(),
@@ -48,38 +42,6 @@ impl<M: AccessMode> VirtualBuffer<M> {
             });
         }
         Ok(self.base.wrapping_add(start as u64))
-    }
-
-    /// For the rebind of a parked graph: `Ok(false)` where the device addresses `[start, end)` are
-    /// not all inside the reservation; `Ok(true)` where every byte is on a mapped, granted page
-    /// that is neither evicted nor retired, and `device` is in the access set; otherwise the error
-    /// naming the bytes: [`Error::PageRange`] (counted from the base, the evicted range for evicted
-    /// bytes) or [`Error::GraphRange`] for a device outside the access set. Checked as for a view.
-    pub(crate) fn covers_for_graph(
-        &self,
-        start: u64,
-        end: u64,
-        device: Device,
-    ) -> Result<bool, Error> {
-        let offsets = start
-            .checked_sub(self.base)
-            .zip(end.checked_sub(self.base))
-            .and_then(|(s, e)| Some((usize::try_from(s).ok()?, usize::try_from(e).ok()?)));
-        let Some((from, to)) = offsets.filter(|&(s, e)| s < e && e <= self.budget) else {
-            return Ok(false);
-        };
-        if self.context_of(device).is_err() {
-            return Err(Error::GraphRange {
-                start,
-                end,
-                host: false,
-                problem: "are in a VirtualBuffer whose access set does not name the graph's device",
-            });
-        }
-        let table = self.lock();
-        check_not_evicted(&table.evicted, from, to)?;
-        check_covered(&table.pages, from, to)?;
-        Ok(true)
     }
 
     /// The context of `device` in the access set.
@@ -262,6 +224,54 @@ impl VirtualBuffer<ReadWrite> {
         Ok(parts.map(|(ptr, len)| {
             DeviceSliceMut::from_granted(ptr, len, context, Reach::Owned(access))
         }))
+    }
+}
+
+// A parked graph is rebound over a buffer's pages: the stream layer asks by its trait, and the
+// buffer gives itself here, so that the stream layer never names it.
+impl<M: AccessMode> Covers for VirtualBuffer<M> {
+    /// `Ok(false)` where the device addresses `[start, end)` are not all inside the reservation;
+    /// `Ok(true)` where every byte is on a mapped, granted page that is neither evicted nor
+    /// retired, and `device` is in the access set; otherwise the error naming the bytes:
+    /// [`Error::PageRange`] (counted from the base, the evicted range for evicted bytes) or
+    /// [`Error::GraphRange`] for a device outside the access set. Checked as for a view.
+    fn covers(&self, start: u64, end: u64, device: Device) -> Result<bool, Error> {
+        let offsets = start
+            .checked_sub(self.base)
+            .zip(end.checked_sub(self.base))
+            .and_then(|(s, e)| Some((usize::try_from(s).ok()?, usize::try_from(e).ok()?)));
+        let Some((from, to)) = offsets.filter(|&(s, e)| s < e && e <= self.budget) else {
+            return Ok(false);
+        };
+        if self.context_of(device).is_err() {
+            return Err(Error::GraphRange {
+                start,
+                end,
+                host: false,
+                problem: "are in a VirtualBuffer whose access set does not name the graph's device",
+            });
+        }
+        self.lock().usable(from, to)?;
+        Ok(true)
+    }
+}
+
+impl<'g> Rebind<'g> {
+    /// Give `buffer` for the graph to read, for `'g`: any of its ranges the graph reads is checked
+    /// by [`finish`](Rebind::finish) against its pages.
+    #[must_use = "the rebind is made by `finish`"]
+    pub fn reads<M: AccessMode>(self, buffer: &'g VirtualBuffer<M>) -> Rebind<'g> {
+        self.give_pages(buffer, false)
+    }
+
+    /// Give `buffer` for the graph to read and write, exclusively, for `'g`. Only a [`ReadWrite`]
+    /// buffer is given for writing.
+    #[must_use = "the rebind is made by `finish`"]
+    pub fn writes(self, buffer: &'g mut VirtualBuffer<ReadWrite>) -> Rebind<'g> {
+        // The exclusive borrow, held for `'g`, seen as shared: nothing else uses the buffer while
+        // the rebound graph lives.
+        let buffer: &'g VirtualBuffer<ReadWrite> = buffer;
+        self.give_pages(buffer, true)
     }
 }
 

@@ -9,10 +9,8 @@ use bytemuck::Pod;
 use crate::device::Device;
 use crate::error::Error;
 use crate::module::Module;
-use crate::owned::VirtualBuffer;
 use crate::stream::PinnedBuffer;
 use crate::view::DeviceBuffer;
-use crate::vmm::access::{AccessMode, ReadWrite};
 
 use super::{Graph, Instance, Touch};
 
@@ -24,7 +22,7 @@ use super::{Graph, Instance, Touch};
 /// A graph holds raw addresses, so what makes a replay valid is that every byte it touches is
 /// mapped, granted to its device in the mode it needs, and borrowed (exclusively where written) for
 /// as long as it can be launched. A parked graph gives up the borrows, so the memory can change:
-/// a [`VirtualBuffer`] range can be evicted and restored at the same addresses (new pages at the
+/// a [`VirtualBuffer`](crate::VirtualBuffer) range can be evicted and restored at the same addresses (new pages at the
 /// same addresses serve as well: the addresses are what the graph knows), a kernel's module can be
 /// unloaded. The rules:
 ///
@@ -35,15 +33,15 @@ use super::{Graph, Instance, Touch};
 ///   writes (device and host), and every kernel's module; [`Rebind::finish`] checks, before any
 ///   driver call, that each range lies inside memory given to the [`Rebind`]: each written range in
 ///   memory given for writing, each read range in memory given for reading or writing, every byte
-///   of a [`VirtualBuffer`] on a mapped page, not evicted, not retired, granted to the graph's
+///   of a [`VirtualBuffer`](crate::VirtualBuffer) on a mapped page, not evicted, not retired, granted to the graph's
 ///   device; every kernel's module given. Where the range is evicted the refusal is
 ///   [`Error::PageRange`] naming the evicted bytes, so a replay while the range is evicted is refused
 ///   twice over: at compile time (no launch while parked) and at run time (no rebind).
 /// - **Then it borrows again.** The rebound [`Graph<'g>`](Graph) borrows everything given for
 ///   `'g`, as a captured graph borrows its views: no eviction, unmap, shrink, access change or
 ///   module unload while it lives (`ui-tests/stream/buffer_evicted_while_rebound_graph_lives.rs`).
-/// - **Only what can be given back is rebound.** Device memory is given as a [`VirtualBuffer`]
-///   (for writing only a [`ReadWrite`] one, by its type) or a [`DeviceBuffer`] of the graph's
+/// - **Only what can be given back is rebound.** Device memory is given as a [`VirtualBuffer`](crate::VirtualBuffer)
+///   (for writing only a [`ReadWrite`](crate::ReadWrite) one, by its type) or a [`DeviceBuffer`] of the graph's
 ///   device, host memory as a [`PinnedBuffer`]. A graph that touches other memory (a mapping of the
 ///   borrowed layer, another device's `DeviceBuffer` through a peer guard, host memory mapped
 ///   through VMM) is refused ([`Error::GraphRange`] naming the bytes): capture it again instead.
@@ -104,14 +102,23 @@ impl fmt::Debug for ParkedGraph {
     }
 }
 
-impl ParkedGraph {
-    /// The graph of `inner`, its borrows given up (by [`Graph::park`]).
-    pub(super) fn new(inner: Instance) -> ParkedGraph {
+impl Graph<'_> {
+    /// Park the graph: keep its instantiation and let go of everything it borrows, so that the
+    /// memory it uses can be evicted, unmapped or regranted meanwhile. No driver call. A
+    /// [`ParkedGraph`] cannot be launched; [`ParkedGraph::rebind`] gives a [`Graph`] again once
+    /// the memory it touches is given back, mapped and granted.
+    ///
+    /// # Examples
+    /// See [`ParkedGraph`].
+    #[must_use = "a parked graph is launched only once rebound"]
+    pub fn park(self) -> ParkedGraph {
         ParkedGraph {
-            inner: Box::new(inner),
+            inner: Box::new(self.inner),
         }
     }
+}
 
+impl ParkedGraph {
     /// The device the graph runs on.
     #[must_use]
     pub fn device(&self) -> Device {
@@ -171,18 +178,14 @@ enum Given<'g> {
     },
 }
 
-/// Device memory with pages: a [`VirtualBuffer`] of any mode.
-trait Covers {
+/// Device memory with pages, which a [`Rebind`] checks a range against: the owned layer's
+/// [`VirtualBuffer`](crate::VirtualBuffer) implements it, and gives itself with
+/// [`Rebind::reads`] and [`Rebind::writes`] (written there, so that this layer never names it).
+pub(crate) trait Covers {
     /// `Ok(false)` where device addresses `[start, end)` are not all inside this memory's reserved
     /// range; `Ok(true)` where every byte is on a page that is mapped, not evicted, not retired and
     /// granted to `device`; the error naming the bytes otherwise.
     fn covers(&self, start: u64, end: u64, device: Device) -> Result<bool, Error>;
-}
-
-impl<M: AccessMode> Covers for VirtualBuffer<M> {
-    fn covers(&self, start: u64, end: u64, device: Device) -> Result<bool, Error> {
-        self.covers_for_graph(start, end, device)
-    }
 }
 
 impl fmt::Debug for Rebind<'_> {
@@ -196,27 +199,16 @@ impl fmt::Debug for Rebind<'_> {
 }
 
 impl<'g> Rebind<'g> {
-    /// Give `buffer` for the graph to read, for `'g`: any of its ranges the graph reads is checked
-    /// by [`finish`](Rebind::finish) against its pages.
-    #[must_use = "the rebind is made by `finish`"]
-    pub fn reads<M: AccessMode>(mut self, buffer: &'g VirtualBuffer<M>) -> Rebind<'g> {
+    /// Gives `pages` for `'g`, for reading, or for writing where `writable` (the caller holds the
+    /// exclusive borrow for `'g`): [`Rebind::reads`] and [`Rebind::writes`] of the owned layer.
+    pub(crate) fn give_pages(
+        mut self,
+        pages: &'g (dyn Covers + Sync),
+        writable: bool,
+    ) -> Rebind<'g> {
         self.given.push(Given::Buffer {
-            buffer,
-            writable: false,
-        });
-        self
-    }
-
-    /// Give `buffer` for the graph to read and write, exclusively, for `'g`. Only a [`ReadWrite`]
-    /// buffer is given for writing.
-    #[must_use = "the rebind is made by `finish`"]
-    pub fn writes(mut self, buffer: &'g mut VirtualBuffer<ReadWrite>) -> Rebind<'g> {
-        // The exclusive borrow, held for `'g`, seen as shared: nothing else uses the buffer while
-        // the rebound graph lives.
-        let buffer: &'g VirtualBuffer<ReadWrite> = buffer;
-        self.given.push(Given::Buffer {
-            buffer,
-            writable: true,
+            buffer: pages,
+            writable,
         });
         self
     }
@@ -287,7 +279,7 @@ impl<'g> Rebind<'g> {
     /// A [`NotRebound`] holding the error and the parked graph back, unchanged:
     /// [`Error::InvalidArgument`] for a kernel whose module was not given;
     /// [`Error::PageRange`] (counted from the buffer's base) for bytes the graph touches in a
-    /// given [`VirtualBuffer`] that are evicted, not mapped, retired or not granted;
+    /// given [`VirtualBuffer`](crate::VirtualBuffer) that are evicted, not mapped, retired or not granted;
     /// [`Error::GraphRange`] (addresses) for bytes in a buffer whose access set lacks the graph's
     /// device, in a [`DeviceBuffer`] of another device, written by the graph but given for reading
     /// only, or in no memory given.

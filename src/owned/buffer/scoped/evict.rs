@@ -1,25 +1,24 @@
-//! Eviction and restore ordered on a stream of a scope: [`ScopedBuffer::evict`] queues the copies of
-//! a range's pages to pinned host memory and retires the pages behind them, with no host wait, so
-//! that an engine puts a range to sleep inside its one long scope; [`ScopedBuffer::restore`] maps
-//! new pages at the same addresses and queues the copies back. The bytes in flight belong to an
-//! [`EvictedInFlight`], which gives the host nothing until the copies have completed.
+//! Eviction and restore ordered on a stream of a scope: [`ScopedBuffer::evict`] queues the copies
+//! of a range's pages to pinned host memory and retires the pages behind them, with no host wait,
+//! so that an engine puts a range to sleep inside its one long scope; [`ScopedBuffer::restore`]
+//! maps new pages at the same addresses and queues the copies back. The bytes in flight belong to
+//! an [`EvictedInFlight`], which gives the host nothing until the copies have completed.
 
 use core::ffi::c_void;
 use core::fmt;
 use core::ops::{Range, RangeBounds};
 use std::sync::PoisonError;
 
-use super::evict::{
-    Evicted, NotRestored, Piece, check_still_evicted, clear_evicted, evictable_pieces,
-    mark_evicted, undo_restore,
-};
-use super::retire::{EachStream, mark_retired, not_capturing};
-use super::{BUDGET, Memory, Retiring, ScopedBuffer, Table, VirtualBuffer, bump};
+use super::super::evict::{Evicted, NotRestored};
+use super::super::page::{Memory, Piece};
+use super::super::retire::not_capturing;
+use super::super::retiring::EachStream;
+use super::super::{BUDGET, VirtualBuffer};
+use super::ScopedBuffer;
 use crate::error::Error;
-use crate::owned::pages::{insertion_point, pages_inside};
 use crate::stream::{Event, PinnedBuffer, ScopedStream, Stream};
 use crate::view::range_bounds;
-use crate::vmm::access::ReadWrite;
+use crate::vmm::access::{AccessMode, ReadWrite};
 
 /// The bytes of a range evicted inside a scope ([`ScopedBuffer::evict`]), while the copies that
 /// write them may still run: pinned host memory that a DMA writes, and an event recorded after the
@@ -196,8 +195,8 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
     /// Returns an [`EvictedInFlight`], which holds the bytes once the copies have completed.
     ///
     /// At once, the range is evicted (as by [`VirtualBuffer::evict`]): no view, no lend of a view
-    /// made before (a [`BufferRead`](super::BufferRead), [`Rewritable`](crate::stream::Rewritable)
-    /// or [`DeviceInFlight`](crate::stream::DeviceInFlight)) and no new page reaches it
+    /// made before (a [`DeviceInFlight`](crate::stream::DeviceInFlight) or
+    /// [`Rewritable`](crate::stream::Rewritable)) and no new page reaches it
     /// ([`Error::PageRange`] naming the evicted bytes), and the claims of the scope on it are
     /// forgotten. The pages are retired as by [`retire`](ScopedBuffer::retire): an event on every
     /// stream of the scope, recorded after the copies and after the work queued so far (and after
@@ -210,8 +209,8 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
     /// The copies read the bytes as work on `on` sees them: writes queued on `on` before, by any
     /// thread, are in them; work on another stream that writes the range is ordered before the
     /// eviction by the caller (an [`Event`] recorded there that `on` waits for), as for any read of
-    /// a [`DeviceInFlight`](crate::stream::DeviceInFlight) on another stream. Unordered, the evicted
-    /// bytes are unspecified; no memory is used after its release either way.
+    /// a [`DeviceInFlight`](crate::stream::DeviceInFlight) on another stream. Unordered, the
+    /// evicted bytes are unspecified; no memory is used after its release either way.
     ///
     /// # Errors
     /// Before any driver call: [`Error::OutOfBounds`]; [`Error::PageRange`] as for
@@ -266,16 +265,16 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
         // One retire, eviction or restore at a time: the pages checked here stay as they are until
         // they are marked below (nothing else removes or retires a page through `&self`).
         let _one_at_a_time = buffer
-            .retires
+            .one_retire
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         // Checked, pinned, then checked again and marked: a page mapped into a hole of the range
         // meanwhile is evicted too (pinning again; holes are finitely many).
-        let (pieces, mut host, done, offsets, old) = loop {
+        let (pieces, mut host, done, retire) = loop {
             let pieces = {
                 let mut table = buffer.lock();
-                buffer.reclaim_finished(&mut table);
-                let pieces = evictable_pieces(&table, start, end)?;
+                table.reclaim_finished();
+                let pieces = table.evictable(start, end)?;
                 check_reach(buffer, on, &pieces)?;
                 pieces
             };
@@ -289,20 +288,23 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             // copies, has completed without error); otherwise `host` is dropped unread.
             let host = unsafe { PinnedBuffer::<u8>::unfilled(on.context(), total)? };
             let done = Event::new(on.context())?;
-            let mut guard = buffer.lock();
-            let table = &mut *guard;
-            if evictable_pieces(table, start, end)? != pieces {
+            let mut table = buffer.lock();
+            if table.evictable(start, end)? != pieces {
                 continue;
             }
-            not_capturing(each)?;
-            let span = pages_inside(&table.pages, start, end)?;
-            let (offsets, old) = mark_retired(table, span);
-            mark_evicted(table, &pieces);
-            break (pieces, host, done, offsets, old);
+            // `evictable` found pages there, under this lock, so the retire takes them.
+            let retire = table
+                .retire(start, end, true, || not_capturing(each))?
+                .ok_or(Error::PageRange {
+                    start,
+                    end,
+                    problem: "hold no page to evict",
+                })?;
+            break (pieces, host, done, retire);
         };
         // Every lend admitted before the marking has queued its work once this returns: the copies
         // below come after every write queued on `on` so far.
-        let drained = buffer.wait_for_lends(old);
+        let drained = buffer.wait_for_lends(retire.lends);
         let host_ptr = host.as_mut_ptr();
         let queued = drained
             .and_then(|()| queue_downloads(buffer, on, &pieces, host_ptr, &done))
@@ -319,11 +321,10 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             });
         if let Err(error) = queued {
             // The copies queued so far write `host`: it is freed only after them. The one wait
-            // returns only once they have finished, or their capture is ended (or aborts); its error
-            // adds nothing.
+            // returns only once they have finished, or their capture is ended (or aborts); its
+            // error adds nothing.
             let _ = on.synchronize();
-            let mut table = buffer.lock();
-            unmark(&mut table, &pieces, &offsets);
+            buffer.lock().unretire(retire.ticket);
             return Err(error);
         }
         // From here the queued copies write `host`: it is owned by the handle, whose drop waits for
@@ -336,16 +337,10 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             }),
             done,
         };
-        {
-            let mut table = buffer.lock();
-            table.claims.forget(start, end);
-            for _ in in_flight.ranges() {
-                bump(&mut table.stats.pages_evicted);
-            }
-        }
+        buffer.lock().evicting(start, end, in_flight.ranges().len());
         // A refused record has waited for every stream: the copies have completed, and the pages
         // are released at the next reclaim. The bytes are kept (see `# Errors`).
-        let _ = buffer.record_retire(offsets, each);
+        let _ = buffer.lock().record(retire.ticket, each);
         Ok(in_flight)
     }
 
@@ -411,12 +406,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             Ok(done) => {
                 // The copies read `evicted.bytes` until `done` has completed: the buffer keeps them
                 // until then, as a retire of no page.
-                let mut table = self.buffer.lock();
-                table.retiring.push(Retiring {
-                    offsets: Vec::new(),
-                    events: vec![done],
-                    host: Some(evicted.bytes),
-                });
+                self.buffer.lock().keep_until(done, evicted.bytes);
                 Ok(())
             }
             Err(error) => Err(NotRestored { error, evicted }),
@@ -435,52 +425,39 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
         self.check_stream(on)?;
         let pieces = &evicted.pieces;
         let _one_at_a_time = buffer
-            .retires
+            .one_retire
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         {
             let mut table = buffer.lock();
-            buffer.reclaim_finished(&mut table);
-            check_still_evicted(&table, pieces)?;
+            table.reclaim_finished();
+            table.check_still_evicted(pieces.iter().map(|p| p.offset..p.end()))?;
             check_reach(buffer, on, pieces)?;
-            for piece in pieces {
-                insertion_point(&table.pages, piece.offset, piece.end())?;
-            }
+            table.check_restorable(pieces.iter().map(|p| p.offset..p.end()))?;
         }
         let memories = buffer.memories_for(pieces)?;
-        let mut guard = buffer.lock();
-        let table = &mut *guard;
+        let mut table = buffer.lock();
         if on.is_capturing()? {
             return Err(Error::StreamCapturing {
                 what: "a restore's copies are not queued on a capturing stream: the graph could \
                        run them after the scope",
             });
         }
-        // Mapped while the range is still marked evicted: no view or lend reaches the new pages
-        // until the copies are queued and the mark is gone.
-        let mut mapped = 0usize;
-        for (piece, memory) in pieces.iter().zip(memories) {
-            let index =
-                insertion_point(&table.pages, piece.offset, piece.end()).and_then(|index| {
-                    buffer.map_at(
-                        table,
-                        index,
-                        piece.offset,
-                        Memory::Own(memory),
-                        piece.device,
-                    )
-                });
-            if let Err(error) = index {
+        // Mapped under the lock, which is held until the copies are queued: no view or lend
+        // reaches the new pages before.
+        for (index, (piece, memory)) in pieces.iter().zip(memories).enumerate() {
+            let mapped =
+                table.restore(piece, Memory::Own(memory), &buffer.access, ReadWrite::FLAGS);
+            if let Err(error) = mapped {
                 // The refused piece too: where undoing its grant failed, its page stayed.
-                undo_restore(buffer.base, table, pieces.get(..=mapped).unwrap_or(pieces));
+                table.unrestore(pieces.get(..=index).unwrap_or(pieces));
                 return Err(error);
             }
-            mapped = mapped.saturating_add(1);
         }
-        let done = match spare_event(table, on) {
+        let done = match table.spare_event(on.context()) {
             Ok(event) => event,
             Err(error) => {
-                undo_restore(buffer.base, table, pieces);
+                table.unrestore(pieces);
                 return Err(error);
             }
         };
@@ -497,14 +474,10 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             // The copies queued so far read the pinned bytes and write the new pages: both stay
             // until they have finished (the one wait; its error adds nothing).
             let _ = on.synchronize();
-            undo_restore(buffer.base, table, pieces);
+            table.unrestore(pieces);
             return Err(error);
         }
-        clear_evicted(table, pieces);
-        for _ in pieces {
-            bump(&mut table.stats.pages_restored);
-        }
-        bump(&mut table.stats.events_recorded);
+        table.restored(pieces, true);
         Ok(done)
     }
 
@@ -537,27 +510,6 @@ fn check_reach(
         device: device.as_raw(),
         owner: pieces.first().map_or(-1, |p| p.device.as_raw()),
     })
-}
-
-/// Undoes the marks of an eviction whose copies were refused: its pages are neither evicted nor
-/// retired any more. No view reached them meanwhile, and their claims were kept.
-fn unmark(table: &mut Table, pieces: &[Piece], offsets: &[usize]) {
-    clear_evicted(table, pieces);
-    for page in &mut table.pages {
-        if offsets.contains(&page.offset) && page.retired {
-            page.retired = false;
-            table.stats.pages_retired = table.stats.pages_retired.saturating_sub(1);
-        }
-    }
-}
-
-/// A spare event of `on`'s device, or a new one.
-fn spare_event(table: &mut Table, on: ScopedStream<'_>) -> Result<Event, Error> {
-    let device = on.device();
-    match table.spare_events.iter().position(|e| e.device() == device) {
-        Some(index) => Ok(table.spare_events.swap_remove(index)),
-        None => Event::new(on.context()),
-    }
 }
 
 /// `cuMemcpyDtoHAsync` of each piece into `host` (the pieces one after another), on `on`, then

@@ -1,4 +1,4 @@
-//! Rule: a scoped grant cannot outlive its mapping: the mapping cannot be unmapped while the grant lives.
+//! Rule: a revocable grant cannot outlive its mapping: the mapping cannot be unmapped while the grant lives.
 //! Prevents: the grant's revoking cuMemSetAccess on a range already unmapped (and views of it).
 //! Expected: E0505 (move out of `mapping` while borrowed).
 
@@ -12,9 +12,9 @@ fn main() -> Result<(), Error> {
     let mut reservation = VirtualReservation::new(size, 0)?;
     let mut mapping = reservation.region().map(&memory)?;
     let contexts = [&context];
-    let scoped = mapping.grant_scoped(&contexts, ReadWrite)?;
+    let grant = mapping.grant_revocable(&contexts, ReadWrite)?;
 
-    mapping.unmap()?; // <- error[E0505]: `scoped` still borrows `mapping`
-    scoped.revoke()?;
+    mapping.unmap()?; // <- error[E0505]: `grant` still borrows `mapping`
+    grant.revoke()?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Rule: a scoped grant cannot outlive its `OwnedMapping`: the mapping cannot be unmapped while the grant lives, though it has no lifetime.
+//! Rule: a revocable grant cannot outlive its `OwnedMapping`: the mapping cannot be unmapped while the grant lives, though it has no lifetime.
 //! Prevents: the grant's revoking cuMemSetAccess on a range already unmapped (and views of it).
 //! Expected: E0505 (move out of `mapping` while borrowed).
 
@@ -11,9 +11,9 @@ fn main() -> Result<(), Error> {
     let reservation = SharedReservation::new(page, 0)?;
     let mut mapping = reservation.map(0, PhysicalAllocation::new(device, page)?)?;
     let contexts = [&context];
-    let scoped = mapping.grant_scoped(&contexts, ReadWrite)?;
+    let grant = mapping.grant_revocable(&contexts, ReadWrite)?;
 
-    mapping.unmap()?; // <- error[E0505]: `scoped` still borrows `mapping`
-    scoped.revoke()?;
+    mapping.unmap()?; // <- error[E0505]: `grant` still borrows `mapping`
+    grant.revoke()?;
     Ok(())
 }

@@ -1,6 +1,6 @@
-//! Rule: a view of a scoped grant cannot outlive it: `revoke` consumes the grant.
+//! Rule: a view of a revocable grant cannot outlive it: `revoke` consumes the grant.
 //! Prevents: copies through a view after cuMemSetAccess set its devices back to no access (a fault).
-//! Expected: E0505 (move out of `scoped` while borrowed).
+//! Expected: E0505 (move out of `grant` while borrowed).
 
 use cuda_vmm::{Context, Device, Error, Granularity, PhysicalAllocation, ReadOnly, VirtualReservation};
 
@@ -12,10 +12,10 @@ fn main() -> Result<(), Error> {
     let mut reservation = VirtualReservation::new(size, 0)?;
     let mut mapping = reservation.region().map(&memory)?;
     let contexts = [&context];
-    let scoped = mapping.grant_scoped(&contexts, ReadOnly)?;
-    let view = scoped.slice::<u32>()?;
+    let grant = mapping.grant_revocable(&contexts, ReadOnly)?;
+    let view = grant.slice::<u32>()?;
 
-    scoped.revoke()?; // <- error[E0505]: `view` still borrows `scoped`
+    grant.revoke()?; // <- error[E0505]: `view` still borrows `grant`
     println!("{:?}", view.to_vec()?);
     Ok(())
 }

@@ -1,0 +1,154 @@
+//! The retires of a [`VirtualBuffer`](super::VirtualBuffer) still waiting for the GPU: each one a
+//! [`Ticket`] (which its pages carry in the page table), the events recorded after the work it
+//! waits for, and host memory that work reads. The page table asks which have finished and
+//! releases their pages; nothing here touches a page.
+
+use crate::device::Context;
+use crate::error::{Error, first_error};
+use crate::stream::{Event, PinnedBuffer, Stream};
+
+/// The number of one retire: its pages carry it, and are released once every event recorded for it
+/// has completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ticket(u64);
+
+/// Calls its argument with each stream a retire orders its release after; the first error, every
+/// stream tried.
+pub(super) type EachStream<'a> =
+    &'a dyn Fn(&mut dyn FnMut(&Stream) -> Result<(), Error>) -> Result<(), Error>;
+
+/// Events kept for later retires, at most.
+const SPARE_EVENTS: usize = 64;
+
+/// One retire whose events have not all been seen complete: its ticket, an event recorded after the
+/// work it waits for on each stream that work may run on, and host memory that work reads (the
+/// source of a stream-ordered restore's copies), freed with it.
+struct Retiring {
+    ticket: Ticket,
+    events: Vec<Event>,
+    host: Option<PinnedBuffer<u8>>,
+}
+
+/// The retires waiting for their events, oldest first, and the events of finished ones, kept for
+/// the next.
+#[derive(Default)]
+pub(super) struct Retires {
+    waiting: Vec<Retiring>,
+    spare_events: Vec<Event>,
+    /// The last ticket given.
+    tickets: u64,
+}
+
+impl Retires {
+    /// Whether no retire waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// A new ticket, for the pages of the next retire.
+    pub(super) fn ticket(&mut self) -> Ticket {
+        self.tickets = self.tickets.wrapping_add(1);
+        Ticket(self.tickets)
+    }
+
+    /// `cuEventRecord` on each stream `each` names, after the work queued so far: the retire
+    /// `ticket` finishes once every event has completed. Each record is counted in `recorded`. A
+    /// refused record, or a capture begun meanwhile, waits for every stream here instead (the one
+    /// wait), and returns the record's error.
+    pub(super) fn record(
+        &mut self,
+        ticket: Ticket,
+        each: EachStream<'_>,
+        recorded: &mut u64,
+    ) -> Result<(), Error> {
+        let mut events = Vec::new();
+        let spare = &mut self.spare_events;
+        let result = each(&mut |stream| {
+            let event = match spare.iter().position(|e| e.device() == stream.device()) {
+                Some(index) => spare.swap_remove(index),
+                None => Event::new(stream.context())?,
+            };
+            *recorded = recorded.saturating_add(1);
+            stream.record(&event)?;
+            events.push(event);
+            Ok(())
+        });
+        // A record refused, or a capture begun meanwhile (which may have taken the record as a
+        // node): the events prove nothing, so every stream is waited for here, by the one wait,
+        // which returns only once the work has finished (or aborts).
+        let mut captured = false;
+        let _ = each(&mut |stream| {
+            captured |= stream.is_capturing().unwrap_or(true);
+            Ok(())
+        });
+        if result.is_err() || captured {
+            let _ = each(&mut |stream| stream.synchronize());
+            events.clear();
+        }
+        self.waiting.push(Retiring {
+            ticket,
+            events,
+            host: None,
+        });
+        result
+    }
+
+    /// Keeps `host` until `done` has completed (the source of a stream-ordered restore's copies,
+    /// `done` recorded after them): a retire of no page, freed once finished or at the drop.
+    pub(super) fn keep_until(&mut self, done: Event, host: PinnedBuffer<u8>) {
+        let ticket = self.ticket();
+        self.waiting.push(Retiring {
+            ticket,
+            events: vec![done],
+            host: Some(host),
+        });
+    }
+
+    /// A spare event of `context`'s device, or a new one.
+    pub(super) fn spare_event(&mut self, context: &Context) -> Result<Event, Error> {
+        let device = context.device();
+        match self.spare_events.iter().position(|e| e.device() == device) {
+            Some(index) => Ok(self.spare_events.swap_remove(index)),
+            None => Event::new(context),
+        }
+    }
+
+    /// `cuEventQuery` — takes every retire whose events have all completed: their tickets, oldest
+    /// first, whose pages the work no longer uses. Their host memory is freed and their events kept
+    /// for later retires. An event whose query fails is not known complete: its retire waits for
+    /// the drop.
+    pub(super) fn take_finished(&mut self) -> Vec<Ticket> {
+        let mut finished = Vec::new();
+        let mut index = 0usize;
+        while let Some(retire) = self.waiting.get(index) {
+            let done = retire
+                .events
+                .iter()
+                .all(|event| event.is_complete().unwrap_or(false));
+            if !done {
+                index = index.saturating_add(1);
+                continue;
+            }
+            let retire = self.waiting.remove(index);
+            finished.push(retire.ticket);
+            // Host memory that the finished work read (a restore's source) is freed now.
+            drop(retire.host);
+            let room = SPARE_EVENTS.saturating_sub(self.spare_events.len());
+            self.spare_events
+                .extend(retire.events.into_iter().take(room));
+        }
+        finished
+    }
+
+    /// Waits for the work of every retire (each event: the one wait, which returns only once it
+    /// has completed, or aborts), and forgets them. Every event is tried; the first error.
+    pub(super) fn wait_all(&mut self) -> Result<(), Error> {
+        let waiting = core::mem::take(&mut self.waiting);
+        first_error(
+            waiting
+                .iter()
+                .flat_map(|retire| retire.events.iter())
+                .map(Event::synchronize),
+        )
+    }
+}

@@ -1,0 +1,559 @@
+//! The page table of a [`VirtualBuffer`](super::VirtualBuffer): what each range of the address
+//! budget holds, as one [`Page`] in one state, and every transition between states. This is the
+//! only code that changes a page's state; the buffer's faces (its views, retires, evictions,
+//! exports and the [`ScopedBuffer`](super::ScopedBuffer)) call the transitions below, and read the
+//! table through its methods.
+//!
+//! | from | to | transition |
+//! | --- | --- | --- |
+//! | a hole | `Live` | [`map`](Table::map) (`Ungranted` where a refused grant cannot be undone) |
+//! | `Live`, `Ungranted` | `Retired` (a ticket) | [`retire`](Table::retire); [`unretire`](Table::unretire) takes it back |
+//! | `Retired` | a hole | [`reclaim`](Table::reclaim), once the ticket's events have completed |
+//! | `Live` | `Evicted` | [`evict`](Table::evict), the bytes copied out first |
+//! | `Live` | `Retired`, evicted | [`retire`](Table::retire) by an eviction in a scope; `reclaim` leaves `Evicted` |
+//! | `Evicted` | `Live` | [`restore`](Table::restore); [`unrestore`](Table::unrestore) takes it back |
+//! | `Live`, `Ungranted` | a hole | [`unmap`](Table::unmap), [`shrink`](Table::shrink) |
+//! | any | nothing | [`teardown`](Table::teardown), after every retire's events |
+//!
+//! A grant that fails and cannot be undone leaves an `Ungranted` page, which nothing views and the
+//! next unmap (or the drop) unmaps. A state added later (a page reserved ahead of need, a page a
+//! graph holds, a range read back after a write) is one more variant of [`Page`] and its
+//! transitions, here: the checks every face makes ([`usable`](Table::usable), [`claim`](Table::claim),
+//! [`check_vacant`](Table::check_vacant)) then see it at once.
+
+use core::ops::Range;
+
+use crate::device::{Context, Device};
+use crate::error::Error;
+use crate::owned::pages::{
+    Claims, RETIRED, Span, check_covered, check_covered_at, check_not_evicted, insertion_point,
+    pages_inside,
+};
+use crate::stream::{Event, PinnedBuffer};
+use crate::vmm::physical::PhysicalAllocation;
+
+use super::page::{Backing, BufferStats, Memory, PageInfo, Piece};
+use super::retiring::{EachStream, Retires, Ticket};
+
+mod driver;
+#[cfg(test)]
+mod tests;
+
+/// What one range of the budget holds: a page, in one of its states. `P` is what a mapped page
+/// holds ([`Backing`]; the unit tests use a stand-in, so the states are tested without a driver).
+pub(super) enum Page<P> {
+    /// Mapped and granted to the buffer's access set: views and lends cover it.
+    Live(P),
+    /// Mapped, but neither granted nor unmapped: its grant failed, and so did the unmap that would
+    /// have undone it. No view covers it; the next unmap of its range, or the drop, unmaps it.
+    Ungranted(P),
+    /// Retired by the retire `ticket`: no view, lend or new page reaches it, and it is unmapped and
+    /// released once every event of that retire has completed. A page an eviction retired
+    /// (`evicted`) leaves its range evicted behind; `granted` is false for a page retired
+    /// `Ungranted`.
+    Retired {
+        page: P,
+        ticket: Ticket,
+        evicted: bool,
+        granted: bool,
+    },
+    /// No page: the bytes were evicted to host memory (an [`Evicted`](super::Evicted) handle), and
+    /// no view, lend or new page reaches the range until a restore maps it again.
+    Evicted,
+}
+
+impl<P> Page<P> {
+    /// A mapped page, `Live` where it is granted, else `Ungranted`.
+    fn with_grant(page: P, granted: bool) -> Page<P> {
+        if granted {
+            Page::Live(page)
+        } else {
+            Page::Ungranted(page)
+        }
+    }
+}
+
+/// One range of the table: `[offset, offset + size)` and what it holds.
+pub(super) struct Slot<P> {
+    offset: usize,
+    size: usize,
+    /// The table's count of pages mapped when this page was mapped: a lend made at an earlier
+    /// count never covers it.
+    epoch: u64,
+    page: Page<P>,
+}
+
+impl<P> Span for Slot<P> {
+    fn start(&self) -> usize {
+        self.offset
+    }
+
+    /// `offset + size` was checked against the budget when the page was mapped, so it does not
+    /// overflow.
+    fn end(&self) -> usize {
+        self.offset.saturating_add(self.size)
+    }
+
+    fn granted(&self) -> bool {
+        matches!(
+            self.page,
+            Page::Live(_) | Page::Retired { granted: true, .. }
+        )
+    }
+
+    fn retired(&self) -> bool {
+        matches!(self.page, Page::Retired { .. })
+    }
+
+    fn evicted(&self) -> bool {
+        matches!(
+            self.page,
+            Page::Evicted | Page::Retired { evicted: true, .. }
+        )
+    }
+
+    fn mapped(&self) -> bool {
+        !matches!(self.page, Page::Evicted)
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl<P> Slot<P> {
+    /// The mapped page's memory, `None` for an evicted range.
+    fn held(&self) -> Option<&P> {
+        match &self.page {
+            Page::Live(page) | Page::Ungranted(page) | Page::Retired { page, .. } => Some(page),
+            Page::Evicted => None,
+        }
+    }
+
+    /// The retire `ticket`'s page, `Some(evicted)` for it.
+    fn retired_by(&self, ticket: Ticket) -> Option<bool> {
+        match self.page {
+            Page::Retired {
+                ticket: t, evicted, ..
+            } if t == ticket => Some(evicted),
+            _ => None,
+        }
+    }
+}
+
+impl Slot<Backing> {
+    /// The page's first byte, counted from the buffer's base.
+    pub(super) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The byte after the page.
+    pub(super) fn end(&self) -> usize {
+        Span::end(self)
+    }
+
+    /// The device whose memory backs the page (`None` for an evicted range).
+    pub(super) fn device(&self) -> Option<Device> {
+        self.held().map(|b| b.device)
+    }
+
+    /// The page's physical allocation (`None` for an evicted range).
+    pub(super) fn allocation(&self) -> Option<&PhysicalAllocation> {
+        self.held().map(|b| b.memory.allocation())
+    }
+
+    fn info(&self) -> Option<PageInfo> {
+        let backing = self.held()?;
+        Some(PageInfo {
+            offset: self.offset,
+            size: self.size,
+            device: backing.device,
+            granted: Span::granted(self),
+            retired: Span::retired(self),
+        })
+    }
+}
+
+/// A retire just marked: its ticket, how many pages it took, and the slot of the lend generation
+/// before it (which the retire waits on before it records its events).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retire {
+    pub(super) ticket: Ticket,
+    pub(super) pages: usize,
+    pub(super) lends: usize,
+}
+
+/// The page table: the pages of one buffer and everything that changes with them, behind the
+/// buffer's lock.
+pub(super) struct Table<P = Backing> {
+    /// The buffer's base address: page `offset` is mapped at `base + offset`.
+    base: u64,
+    /// Sorted by offset, disjoint, inside `[0, budget)`: every page mapped, retired or evicted.
+    slots: Vec<Slot<P>>,
+    stats: BufferStats,
+    /// The count of pages mapped so far: each page records it, and so does each lend of a scoped
+    /// buffer, which then never covers a page mapped after it.
+    epoch: u64,
+    /// The retires whose pages wait for the GPU.
+    retires: Retires,
+    /// The ranges a scoped buffer lent, cleared when the next one is made.
+    claims: Claims,
+    /// Turned by each retire; its parity is the slot of the buffer's lend counts that admissions
+    /// count in.
+    generation: usize,
+}
+
+impl<P> Table<P> {
+    /// The table of a buffer at `base`, with no page.
+    pub(super) fn new(base: u64) -> Table<P> {
+        Table {
+            base,
+            slots: Vec::new(),
+            stats: BufferStats::default(),
+            epoch: 0,
+            retires: Retires::default(),
+            claims: Claims::default(),
+            generation: 0,
+        }
+    }
+
+    /// The end of the last page or evicted range (0 where there is none).
+    pub(super) fn end(&self) -> usize {
+        self.slots.last().map_or(0, Span::end)
+    }
+
+    /// The counts of the driver calls made on the pages.
+    pub(super) fn stats(&self) -> BufferStats {
+        self.stats
+    }
+
+    /// The number of pages mapped (retired ones included).
+    pub(super) fn page_count(&self) -> usize {
+        self.slots.iter().filter(|s| s.mapped()).count()
+    }
+
+    /// The bytes of mapped pages, retired ones included.
+    pub(super) fn mapped_bytes(&self) -> usize {
+        self.bytes(Span::mapped)
+    }
+
+    /// The bytes of retired pages not released yet.
+    pub(super) fn retired_bytes(&self) -> usize {
+        self.bytes(Span::retired)
+    }
+
+    /// The bytes of evicted ranges not restored yet (an eviction's pages, retired, included).
+    pub(super) fn evicted_bytes(&self) -> usize {
+        self.bytes(Span::evicted)
+    }
+
+    fn bytes(&self, counted: impl Fn(&Slot<P>) -> bool) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| counted(s))
+            .fold(0usize, |sum, s| sum.saturating_add(s.size))
+    }
+
+    /// `Ok` where every byte of `[start, end)` is on a live page (mapped, granted, neither retired
+    /// nor evicted): what a view, an export, a registration or a rebind needs. Otherwise the
+    /// first evicted range, or else the first hole, retired or ungranted page, named.
+    pub(super) fn usable(&self, start: usize, end: usize) -> Result<(), Error> {
+        check_not_evicted(&self.slots, start, end)?;
+        check_covered(&self.slots, start, end)
+    }
+
+    /// As [`usable`](Table::usable), for a lend made when the count of mapped pages was `epoch`: a
+    /// page mapped later is refused too.
+    fn usable_since(&self, start: usize, end: usize, epoch: u64) -> Result<(), Error> {
+        check_not_evicted(&self.slots, start, end)?;
+        check_covered_at(&self.slots, start, end, epoch)
+    }
+
+    /// Admits a lend of the scoped view `[start, end)` made at `epoch` ([`usable`](Table::usable)
+    /// then): the slot of the lend generation it counts in until its work is queued.
+    pub(super) fn admit(&self, start: usize, end: usize, epoch: u64) -> Result<usize, Error> {
+        self.usable_since(start, end, epoch)?;
+        Ok(self.generation % 2)
+    }
+
+    /// Claims `[start, end)` for a scope, for writing (exclusively) or reading, once it is
+    /// [`usable`](Table::usable): the count of mapped pages now, which its lends carry.
+    pub(super) fn claim(&mut self, start: usize, end: usize, write: bool) -> Result<u64, Error> {
+        self.usable(start, end)?;
+        if write {
+            self.claims.write(start, end)?;
+        } else {
+            self.claims.read(start, end)?;
+        }
+        Ok(self.epoch)
+    }
+
+    /// Forgets every claim: the scope that held them has ended.
+    pub(super) fn clear_claims(&mut self) {
+        self.claims.clear();
+    }
+
+    /// An eviction in a scope has queued its copies: the claims on `[start, end)` are forgotten and
+    /// its `pieces` pages count as evicted.
+    pub(super) fn evicting(&mut self, start: usize, end: usize, pieces: usize) {
+        self.claims.forget(start, end);
+        for _ in 0..pieces {
+            bump(&mut self.stats.pages_evicted);
+        }
+    }
+
+    /// `Ok` where a new page can take `[offset, end)`: no evicted range, no page (retired or not)
+    /// shares a byte with it, else the first named.
+    pub(super) fn check_vacant(&self, offset: usize, end: usize) -> Result<(), Error> {
+        self.vacant(offset, end).map(drop)
+    }
+
+    /// Where a new page `[offset, end)` goes, as [`check_vacant`](Table::check_vacant) checks it.
+    fn vacant(&self, offset: usize, end: usize) -> Result<usize, Error> {
+        check_not_evicted(&self.slots, offset, end)?;
+        insertion_point(&self.slots, offset, end)
+    }
+
+    /// Counts a page mapped (`cuMemMap` succeeded): the new count, which the page records.
+    fn count_mapped(&mut self) -> u64 {
+        self.epoch = self.epoch.saturating_add(1);
+        self.epoch
+    }
+
+    /// Retires the pages inside `[start, end)`: `None` where the range holds none. Before any
+    /// change, a page cut by the range or retired already is refused, and then `admit` is asked
+    /// (whether the streams the retire's events go on take them), whose error retires nothing.
+    /// The pages are marked with a new ticket, `evicted` where an eviction retires them; the
+    /// claims on the range are forgotten (for a retire; an eviction forgets them once its copies
+    /// are queued); the lend generation turns.
+    pub(super) fn retire(
+        &mut self,
+        start: usize,
+        end: usize,
+        evicted: bool,
+        admit: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<Option<Retire>, Error> {
+        let span = pages_inside(&self.slots, start, end)?;
+        let pages = self.slots.get(span.clone()).unwrap_or_default();
+        if !pages.iter().any(Span::mapped) {
+            return Ok(None);
+        }
+        if let Some(page) = pages.iter().find(|p| p.retired()) {
+            return Err(Error::PageRange {
+                start: page.start(),
+                end: Span::end(page),
+                problem: RETIRED,
+            });
+        }
+        admit()?;
+        let ticket = self.retires.ticket();
+        let mut count = 0usize;
+        for slot in self.slots.get_mut(span).into_iter().flatten() {
+            let (page, granted) = match core::mem::replace(&mut slot.page, Page::Evicted) {
+                Page::Live(page) => (page, true),
+                Page::Ungranted(page) => (page, false),
+                other => {
+                    slot.page = other;
+                    continue;
+                }
+            };
+            slot.page = Page::Retired {
+                page,
+                ticket,
+                evicted,
+                granted,
+            };
+            count = count.saturating_add(1);
+            bump(&mut self.stats.pages_retired);
+        }
+        if !evicted {
+            self.claims.forget(start, end);
+        }
+        let lends = self.generation % 2;
+        self.generation = self.generation.wrapping_add(1);
+        Ok(Some(Retire {
+            ticket,
+            pages: count,
+            lends,
+        }))
+    }
+
+    /// Takes the retire `ticket` back (an eviction whose copies were refused): its pages are as they
+    /// were before it, neither retired nor evicted. No view reached them meanwhile, and their
+    /// claims were kept.
+    pub(super) fn unretire(&mut self, ticket: Ticket) {
+        for slot in &mut self.slots {
+            if slot.retired_by(ticket).is_none() {
+                continue;
+            }
+            if let Page::Retired { page, granted, .. } =
+                core::mem::replace(&mut slot.page, Page::Evicted)
+            {
+                slot.page = Page::with_grant(page, granted);
+                self.stats.pages_retired = self.stats.pages_retired.saturating_sub(1);
+            }
+        }
+    }
+
+    /// `Ok` where each of `pieces` (byte ranges) is still an evicted range of the table, whole (a
+    /// handle restored already is not restored again).
+    pub(super) fn check_still_evicted(
+        &self,
+        pieces: impl IntoIterator<Item = Range<usize>>,
+    ) -> Result<(), Error> {
+        for piece in pieces {
+            let evicted = self
+                .slots
+                .iter()
+                .any(|s| s.evicted() && s.offset == piece.start && Span::end(s) == piece.end);
+            if !evicted {
+                return Err(Error::PageRange {
+                    start: piece.start,
+                    end: piece.end,
+                    problem: "are not evicted (the handle was restored already?)",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `Ok` where every one of `pieces` (evicted ranges) can be mapped again now: no page is there
+    /// any more (an eviction's retired page must have been released first).
+    pub(super) fn check_restorable(
+        &self,
+        pieces: impl IntoIterator<Item = Range<usize>>,
+    ) -> Result<(), Error> {
+        for piece in pieces {
+            let first = self.slots.partition_point(|s| Span::end(s) <= piece.start);
+            let overlapping = self.slots.get(first..).unwrap_or_default();
+            if let Some(page) = overlapping
+                .iter()
+                .take_while(|s| s.offset < piece.end)
+                .find(|s| s.mapped())
+            {
+                return Err(Error::PageRange {
+                    start: page.offset,
+                    end: Span::end(page),
+                    problem: if page.retired() {
+                        RETIRED
+                    } else {
+                        "are mapped already"
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the slot that starts at `offset`.
+    fn slot_at(&self, offset: usize) -> Option<usize> {
+        let index = self.slots.partition_point(|s| s.offset < offset);
+        self.slots
+            .get(index)
+            .filter(|s| s.offset == offset)
+            .map(|_| index)
+    }
+}
+
+impl Table<Backing> {
+    /// The pages, in address order (evicted ranges left out).
+    pub(super) fn infos(&self) -> Vec<PageInfo> {
+        self.slots.iter().filter_map(Slot::info).collect()
+    }
+
+    /// The pages that are not retired: those an export hands out.
+    pub(super) fn unretired_pages(&self) -> impl Iterator<Item = &Slot<Backing>> {
+        self.slots.iter().filter(|s| s.mapped() && !s.retired())
+    }
+
+    /// The pages inside `[start, end)`, a page the range would cut refused.
+    pub(super) fn pages_in(
+        &self,
+        start: usize,
+        end: usize,
+    ) -> Result<impl Iterator<Item = &Slot<Backing>>, Error> {
+        let span = pages_inside(&self.slots, start, end)?;
+        let slots = self.slots.get(span).unwrap_or_default();
+        Ok(slots.iter().filter(|s| s.mapped()))
+    }
+
+    /// The pages inside `[start, end)`, checked for an eviction before any driver call: at least
+    /// one, none retired, every one granted and owned by the buffer (not a share).
+    pub(super) fn evictable(&self, start: usize, end: usize) -> Result<Vec<Piece>, Error> {
+        let pages: Vec<&Slot<Backing>> = self.pages_in(start, end)?.collect();
+        if pages.is_empty() {
+            return Err(Error::PageRange {
+                start,
+                end,
+                problem: "hold no page to evict",
+            });
+        }
+        let mut pieces = Vec::with_capacity(pages.len());
+        for slot in pages {
+            let (backing, problem) = match &slot.page {
+                Page::Retired { page, .. } => (page, Some(RETIRED)),
+                Page::Ungranted(page) => (
+                    page,
+                    Some(
+                        "are mapped but not granted (undoing a failed grant failed): not readable",
+                    ),
+                ),
+                Page::Live(page) if matches!(page.memory, Memory::Shared(_)) => (
+                    page,
+                    Some(
+                        "are a shared page, whose memory its other shares keep: evicting it frees \
+                         nothing",
+                    ),
+                ),
+                Page::Live(page) => (page, None),
+                Page::Evicted => continue,
+            };
+            if let Some(problem) = problem {
+                return Err(Error::PageRange {
+                    start: slot.offset,
+                    end: Span::end(slot),
+                    problem,
+                });
+            }
+            pieces.push(Piece {
+                offset: slot.offset,
+                size: slot.size,
+                device: backing.device,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// A restore of `pieces` has its bytes back (copied, or their copies queued, `recorded` an
+    /// event after them): count them.
+    pub(super) fn restored(&mut self, pieces: &[Piece], recorded: bool) {
+        for _ in pieces {
+            bump(&mut self.stats.pages_restored);
+        }
+        if recorded {
+            bump(&mut self.stats.events_recorded);
+        }
+    }
+
+    /// `cuEventRecord` on each stream `each` names, after the work queued so far: the pages of
+    /// `ticket` are released once every event has completed (see [`Retires::record`]).
+    pub(super) fn record(&mut self, ticket: Ticket, each: EachStream<'_>) -> Result<(), Error> {
+        self.retires
+            .record(ticket, each, &mut self.stats.events_recorded)
+    }
+
+    /// Keeps `host` until `done` has completed: the source of a stream-ordered restore's copies,
+    /// `done` recorded after them.
+    pub(super) fn keep_until(&mut self, done: Event, host: PinnedBuffer<u8>) {
+        self.retires.keep_until(done, host);
+    }
+
+    /// A spare event of `context`'s device, or a new one.
+    pub(super) fn spare_event(&mut self, context: &Context) -> Result<Event, Error> {
+        self.retires.spare_event(context)
+    }
+}
+
+fn bump(count: &mut u64) {
+    *count = count.saturating_add(1);
+}

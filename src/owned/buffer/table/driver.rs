@@ -1,0 +1,492 @@
+//! The page table's transitions that call the driver: each `cuMemMap`, `cuMemSetAccess` and
+//! `cuMemUnmap` of a buffer's pages is made here, once per transition, with the state change it
+//! makes ([`map`](Table::map), [`restore`](Table::restore), [`unrestore`](Table::unrestore),
+//! [`unmap`](Table::unmap), [`shrink`](Table::shrink), [`evict`](Table::evict),
+//! [`reclaim`](Table::reclaim), [`regrant`](Table::regrant), [`teardown`](Table::teardown)).
+//! Part of the table's module: the states and the driver-free transitions are in `table.rs`.
+
+use core::ops::Range;
+
+use crate::device::{Context, Device};
+use crate::error::{DriverError, DriverResult, Error, check, first_error, with_cleanup};
+use crate::owned::pages::{RETIRED, Span, pages_inside};
+use crate::sys;
+use crate::vmm::access::{Contexts, set_access, with_contexts};
+
+use super::super::page::{Backing, Memory, PageInfo, Piece};
+use super::{Page, Slot, Table, bump};
+
+/// What [`Table::map_memory`] leaves: the page to put at the offset (`Live`, or `Ungranted` where
+/// undoing a refused grant failed) with its epoch, and the error of a failure.
+struct Mapping {
+    page: Option<(Page<Backing>, u64)>,
+    result: Result<(), Error>,
+}
+
+impl Table<Backing> {
+    /// `cuMemMap` and `cuMemSetAccess` — map `memory` of `device` at `offset` and grant it to
+    /// `access` in the mode `flags`, where [`check_vacant`](Table::check_vacant) says the range is
+    /// free (the caller checked it, under the same lock, before making the memory). On failure
+    /// what was done is undone, and the memory released; where the unmap that undoes a refused
+    /// grant fails too, the page stays, `Ungranted`, and the error is [`Error::CleanupFailed`].
+    pub(in crate::owned::buffer) fn map(
+        &mut self,
+        offset: usize,
+        memory: Memory,
+        device: Device,
+        access: &[Context],
+        flags: u32,
+    ) -> Result<(), Error> {
+        let end = offset.saturating_add(memory.size());
+        let index = self.vacant(offset, end)?;
+        let Mapping { page, result } =
+            self.map_memory(offset, Backing { memory, device }, access, flags);
+        let size = end.saturating_sub(offset);
+        if let Some((page, epoch)) = page {
+            self.slots.insert(
+                index,
+                Slot {
+                    offset,
+                    size,
+                    epoch,
+                    page,
+                },
+            );
+        }
+        result
+    }
+
+    /// `cuMemMap` and `cuMemSetAccess` of `backing` at `offset`, undone on failure: the page to
+    /// put at `offset` (`Live`, or `Ungranted` where undoing a refused grant failed) with its
+    /// epoch, and the error of a failure.
+    fn map_memory(
+        &mut self,
+        offset: usize,
+        backing: Backing,
+        access: &[Context],
+        flags: u32,
+    ) -> Mapping {
+        let address = self.base.wrapping_add(offset as u64);
+        let size = backing.memory.size();
+        bump(&mut self.stats.map_calls);
+        // SAFETY: `[address, address + size)` lies inside the buffer's reservation (checked against
+        // the budget by the caller), which only this buffer maps into, and overlaps none of its
+        // pages, retired ones included (checked vacant, or an evicted range whose page is gone,
+        // under the lock that every change of the pages holds); both ends are multiples of the
+        // memory's granularity (checked). The memory is a live allocation handle of `size` bytes,
+        // owned here or shared (a share held, so it is not released while mapped); offset 0 and
+        // flags 0 as the driver requires.
+        let mapped = check(unsafe { sys::cuMemMap(address, size, 0, backing.memory.as_raw(), 0) });
+        if let Err(error) = mapped {
+            return Mapping {
+                page: None,
+                result: Err(with_cleanup(
+                    error,
+                    backing.memory.release_code(),
+                    "page mapping",
+                )),
+            };
+        }
+        let epoch = self.count_mapped();
+        bump(&mut self.stats.set_access_calls);
+        if let Err(error) = with_contexts(access, |c| set_access(address, size, c, flags)) {
+            bump(&mut self.stats.unmap_calls);
+            // SAFETY: `[address, address + size)` was mapped just above, by this call, and is
+            // unmapped once here; nothing has seen its address (the lock is held).
+            if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
+                // Still mapped, perhaps partly granted: kept, so that the next unmap of its range
+                // or the drop unmaps it, and `Ungranted`, so that no view covers it.
+                return Mapping {
+                    page: Some((Page::Ungranted(backing), epoch)),
+                    result: Err(Error::CleanupFailed {
+                        error,
+                        cleanup,
+                        what: "page mapping",
+                    }),
+                };
+            }
+            return Mapping {
+                page: None,
+                result: Err(with_cleanup(
+                    error,
+                    backing.memory.release_code(),
+                    "page mapping",
+                )),
+            };
+        }
+        bump(&mut self.stats.pages_mapped);
+        Mapping {
+            page: Some((Page::Live(backing), epoch)),
+            result: Ok(()),
+        }
+    }
+
+    /// `cuMemMap`, `cuMemSetAccess` — map `memory` (the size and device of `piece`) at the evicted
+    /// range `piece`, granted to `access` in `flags`: the range is `Live` again. Refused before any
+    /// driver call where the range is not evicted or its page is still there, retired
+    /// ([`check_restorable`](Table::check_restorable)'s errors). Undone on failure, as
+    /// [`map`](Table::map) undoes; the range then stays evicted (or holds the `Ungranted` page).
+    pub(in crate::owned::buffer) fn restore(
+        &mut self,
+        piece: &Piece,
+        memory: Memory,
+        access: &[Context],
+        flags: u32,
+    ) -> Result<(), Error> {
+        self.check_restorable(core::iter::once(piece.offset..piece.end()))?;
+        let index = self
+            .slot_at(piece.offset)
+            .filter(|&i| self.slots.get(i).is_some_and(Span::evicted))
+            .ok_or(Error::PageRange {
+                start: piece.offset,
+                end: piece.end(),
+                problem: "are not evicted (the handle was restored already?)",
+            })?;
+        let backing = Backing {
+            memory,
+            device: piece.device,
+        };
+        let Mapping { page, result } = self.map_memory(piece.offset, backing, access, flags);
+        if let (Some((page, epoch)), Some(slot)) = (page, self.slots.get_mut(index)) {
+            slot.page = page;
+            slot.epoch = epoch;
+        }
+        result
+    }
+
+    /// Takes back the restore of `pieces` (its copies refused, or none queued, or another piece's
+    /// map refused): each page just mapped at a piece is unmapped and released, and its range is
+    /// evicted again. A retired page of an earlier mapping at the same offset is left to its
+    /// release. Errors are ignored: a page the driver refuses to unmap stays (the next unmap or the
+    /// drop tries it again).
+    pub(in crate::owned::buffer) fn unrestore(&mut self, pieces: &[Piece]) {
+        for piece in pieces {
+            let Some(index) = self.slot_at(piece.offset) else {
+                continue;
+            };
+            let Some(slot) = self.slots.get_mut(index) else {
+                continue;
+            };
+            let backing = match core::mem::replace(&mut slot.page, Page::Evicted) {
+                Page::Live(backing) | Page::Ungranted(backing) => backing,
+                other => {
+                    slot.page = other;
+                    continue;
+                }
+            };
+            bump(&mut self.stats.unmap_calls);
+            let address = self.base.wrapping_add(slot.offset as u64);
+            // SAFETY: the page's whole mapping, made by the restore that is undone here (its
+            // copies have finished, or none was queued), unmapped once: its range becomes evicted
+            // again below. No view or lend reached it: the restore holds the lock, or `&mut` of
+            // the buffer, until it is undone.
+            match check(unsafe { sys::cuMemUnmap(address, slot.size) }) {
+                Ok(()) => {
+                    bump(&mut self.stats.pages_released);
+                    let _ = backing.memory.release_code();
+                }
+                // Still mapped, its bytes half restored: `Ungranted`, so that no view covers it
+                // (as the evicted mark did), and the next unmap of its range or the drop tries
+                // again.
+                Err(_) => slot.page = Page::Ungranted(backing),
+            }
+        }
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease` — unmap and release every page inside `[start, end)`: how many
+    /// were. Before any driver call, a page the range cuts or a retired page is refused. Every page
+    /// is tried; one the driver refuses to unmap stays. Evicted ranges inside stay evicted.
+    pub(in crate::owned::buffer) fn unmap(
+        &mut self,
+        start: usize,
+        end: usize,
+    ) -> Result<usize, Error> {
+        let span = pages_inside(&self.slots, start, end)?;
+        self.unmap_span(span)
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease` — unmap the last page: what it was, or `None` where there is
+    /// none. A retired page is refused.
+    pub(in crate::owned::buffer) fn shrink(&mut self) -> Result<Option<PageInfo>, Error> {
+        let Some(index) = self.slots.iter().rposition(Span::mapped) else {
+            return Ok(None);
+        };
+        let info = self.slots.get(index).and_then(Slot::info);
+        self.unmap_span(index..index.saturating_add(1))?;
+        Ok(info)
+    }
+
+    /// Unmaps and releases the pages of `self.slots[span]`, every one tried; the pages the driver
+    /// refuses to unmap stay, and so do evicted ranges. A retired page in the span is refused
+    /// before any driver call.
+    fn unmap_span(&mut self, span: Range<usize>) -> Result<usize, Error> {
+        let Some(slots) = self.slots.get(span.clone()) else {
+            return Ok(0);
+        };
+        if let Some(page) = slots.iter().find(|s| s.retired()) {
+            return Err(Error::PageRange {
+                start: page.offset,
+                end: Span::end(page),
+                problem: RETIRED,
+            });
+        }
+        let base = self.base;
+        let stats = &mut self.stats;
+        let mut kept = Vec::new();
+        let mut first: DriverResult<()> = Ok(());
+        let mut unmapped = 0usize;
+        for mut slot in self.slots.drain(span.clone()) {
+            let (backing, live) = match core::mem::replace(&mut slot.page, Page::Evicted) {
+                Page::Live(backing) => (backing, true),
+                Page::Ungranted(backing) => (backing, false),
+                other => {
+                    // An evicted range: no page to unmap. It stays evicted.
+                    slot.page = other;
+                    kept.push(slot);
+                    continue;
+                }
+            };
+            bump(&mut stats.unmap_calls);
+            let address = base.wrapping_add(slot.offset as u64);
+            // SAFETY: `[address, address + size)` is the page's whole mapping, made by `map` or
+            // `restore` and unmapped once: the page leaves the table below unless the driver
+            // refuses. It is not retired (checked), so no work of a retire can use it; no view
+            // lives (the caller holds `&mut` of the buffer), and every copy through one finished
+            // before it returned.
+            let result = match check(unsafe { sys::cuMemUnmap(address, slot.size) }) {
+                Ok(()) => {
+                    unmapped = unmapped.saturating_add(1);
+                    bump(&mut stats.pages_released);
+                    backing.memory.release_code()
+                }
+                Err(error) => {
+                    slot.page = Page::with_grant(backing, live);
+                    kept.push(slot);
+                    Err(error)
+                }
+            };
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        // Back where they were: `kept` is sorted and lies inside the drained span.
+        self.slots.splice(span.start..span.start, kept);
+        first?;
+        Ok(unmapped)
+    }
+
+    /// `cuMemUnmap`, `cuMemRelease` — evict `pieces` (checked by [`evictable`](Table::evictable),
+    /// their bytes copied out): each page is unmapped and released, in order, and its range
+    /// evicted. Stops at the first refused unmap: the pieces evicted, and that refusal. A refused
+    /// `cuMemRelease` is ignored, as in `drop` (the page is unmapped and evicted either way).
+    pub(in crate::owned::buffer) fn evict(
+        &mut self,
+        pieces: &[Piece],
+    ) -> (Vec<Piece>, Option<DriverError>) {
+        let mut evicted = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let Some(slot) = self
+                .slot_at(piece.offset)
+                .and_then(|i| self.slots.get_mut(i))
+            else {
+                continue;
+            };
+            let backing = match core::mem::replace(&mut slot.page, Page::Evicted) {
+                Page::Live(backing) => backing,
+                other => {
+                    slot.page = other;
+                    continue;
+                }
+            };
+            bump(&mut self.stats.unmap_calls);
+            let address = self.base.wrapping_add(piece.offset as u64);
+            // SAFETY: the page's whole mapping, made by `map` or `restore`, unmapped once: its
+            // range is evicted below. It is live, neither retired nor shared (checked), no view
+            // lives (the caller holds `&mut` of the buffer), every copy through one finished
+            // before it returned (the copy of its bytes out too), and every scope that lent one has
+            // waited for its work.
+            if let Err(error) = check(unsafe { sys::cuMemUnmap(address, piece.size) }) {
+                slot.page = Page::Live(backing);
+                return (evicted, Some(error));
+            }
+            bump(&mut self.stats.pages_released);
+            bump(&mut self.stats.pages_evicted);
+            // Ignored, as in `drop`: the page is unmapped and gone either way.
+            let _ = backing.memory.release_code();
+            evicted.push(*piece);
+        }
+        (evicted, None)
+    }
+
+    /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the pages of every retire whose
+    /// events have all completed: how many. An eviction's page leaves its range evicted. Every
+    /// finished page is tried; one the driver refuses to unmap stays retired (the drop tries it
+    /// again), and the first error is returned. An event whose query fails is not known complete:
+    /// its retire waits for the drop.
+    pub(in crate::owned::buffer) fn reclaim(&mut self) -> Result<usize, Error> {
+        let mut released = 0usize;
+        let mut first: Result<(), Error> = Ok(());
+        for ticket in self.retires.take_finished() {
+            let mut at = 0usize;
+            while let Some(slot) = self.slots.get(at) {
+                if slot.retired_by(ticket).is_none() {
+                    at = at.saturating_add(1);
+                    continue;
+                }
+                let offset = slot.offset;
+                match self.release_retired(at) {
+                    Ok(()) => released = released.saturating_add(1),
+                    Err(error) => {
+                        if first.is_ok() {
+                            first = Err(error);
+                        }
+                    }
+                }
+                // Past the slot where it is still there (kept retired, or evicted now).
+                if self.slots.get(at).is_some_and(|s| s.offset == offset) {
+                    at = at.saturating_add(1);
+                }
+            }
+        }
+        first.map(|()| released)
+    }
+
+    /// [`reclaim`](Table::reclaim), ignoring errors (each page is tried again at the drop), where
+    /// a retire is under way: what every call that maps or retires does first.
+    pub(in crate::owned::buffer) fn reclaim_finished(&mut self) {
+        if !self.retires.is_empty() {
+            let _ = self.reclaim();
+        }
+    }
+
+    /// `cuMemUnmap` and `cuMemRelease` of the retired page of `self.slots[index]`, whose work has
+    /// finished: it leaves the table, or leaves its range evicted.
+    fn release_retired(&mut self, index: usize) -> Result<(), Error> {
+        let Some(slot) = self.slots.get_mut(index) else {
+            return Ok(());
+        };
+        let Page::Retired { evicted, .. } = slot.page else {
+            return Ok(());
+        };
+        bump(&mut self.stats.unmap_calls);
+        let address = self.base.wrapping_add(slot.offset as u64);
+        // SAFETY: the page's whole mapping, made by `map` or `restore`, unmapped once: it leaves
+        // the table below. It is retired, so no view of it has been made or lent since the retire,
+        // and every event of its retire has completed, each recorded after all the work queued on
+        // its stream before the retire (with no lend left in progress): no queued work uses it.
+        check(unsafe { sys::cuMemUnmap(address, slot.size) })?;
+        let page = if evicted {
+            core::mem::replace(&mut slot.page, Page::Evicted)
+        } else {
+            self.slots.remove(index).page
+        };
+        bump(&mut self.stats.pages_released);
+        match page {
+            Page::Retired { page, .. } => Ok(page.memory.release_code()?),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for every retire, then unmaps every page, then releases every page's memory: every
+    /// page is tried. The first error.
+    pub(in crate::owned::buffer) fn teardown(&mut self) -> Result<(), Error> {
+        let waited = self.retires.wait_all();
+        let base = self.base;
+        let stats = &mut self.stats;
+        let pages: Vec<(usize, usize, Backing)> = core::mem::take(&mut self.slots)
+            .into_iter()
+            .filter_map(|slot| match slot.page {
+                Page::Live(page) | Page::Ungranted(page) | Page::Retired { page, .. } => {
+                    Some((slot.offset, slot.size, page))
+                }
+                Page::Evicted => None,
+            })
+            .collect();
+        let unmapped = first_error(pages.iter().map(|&(offset, size, _)| {
+            bump(&mut stats.unmap_calls);
+            // SAFETY: each page's whole mapping, made by `map` or `restore`, unmapped once: the
+            // pages have left the table. No view lives (`&mut` of the buffer, or its drop), and
+            // every retire's work has finished (waited for just above: the wait returns only then,
+            // or aborts).
+            check(unsafe { sys::cuMemUnmap(base.wrapping_add(offset as u64), size) })
+        }));
+        // Released after every unmap was tried: where an unmap failed, the driver keeps the memory
+        // until that range is unmapped, which then never happens (a leak, not a dangling mapping).
+        let released = first_error(pages.into_iter().map(|(_, _, page)| {
+            bump(&mut stats.pages_released);
+            page.memory.release_code()
+        }));
+        waited
+            .and(unmapped.map_err(Error::from))
+            .and(released.map_err(Error::from))
+    }
+
+    /// `cuMemSetAccess` — make `new` the access set of every live page, in the mode `flags`, where
+    /// it was `old`: first each page is granted the new set, then the devices that left it are
+    /// revoked from each page. Retired pages keep the old set (the work they wait for may still
+    /// read them) until they are released.
+    ///
+    /// `Err` for a refused grant: the set stays `old` (the devices that were to join are revoked
+    /// again from the pages granted so far; [`Error::CleanupFailed`] where that fails too).
+    /// Otherwise the new set is in place on every live page, and the `Ok` holds the first error of
+    /// the revokes, every page tried.
+    pub(in crate::owned::buffer) fn regrant(
+        &mut self,
+        old: &[Context],
+        new: &[Context],
+        flags: u32,
+    ) -> Result<Result<(), Error>, Error> {
+        let joining: Vec<&Context> = new
+            .iter()
+            .filter(|c| !old.iter().any(|o| o.device() == c.device()))
+            .collect();
+        let leaving: Vec<&Context> = old
+            .iter()
+            .filter(|o| !new.iter().any(|c| c.device() == o.device()))
+            .collect();
+        let base = self.base;
+        let stats = &mut self.stats;
+        let slots = &self.slots;
+        let live = || slots.iter().filter(|s| matches!(s.page, Page::Live(_)));
+        let mut done = 0usize;
+        for slot in live() {
+            bump(&mut stats.set_access_calls);
+            let address = base.wrapping_add(slot.offset as u64);
+            if let Err(error) = with_contexts(new, |c| set_access(address, slot.size, c, flags)) {
+                // Also the refused page: the driver may have applied part of the call.
+                let cleanup = if joining.is_empty() {
+                    Ok(())
+                } else {
+                    first_error(live().take(done.saturating_add(1)).map(|s| {
+                        bump(&mut stats.set_access_calls);
+                        revoke(base, s, &joining)
+                    }))
+                };
+                return Err(with_cleanup(error, cleanup, "access change"));
+            }
+            done = done.saturating_add(1);
+        }
+        let revoked = if leaving.is_empty() {
+            Ok(())
+        } else {
+            first_error(live().map(|s| {
+                bump(&mut stats.set_access_calls);
+                revoke(base, s, &leaving)
+            }))
+        };
+        Ok(revoked.map_err(Error::from))
+    }
+}
+
+/// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole page of `slot`.
+fn revoke<P>(base: u64, slot: &Slot<P>, contexts: &[&Context]) -> DriverResult<()> {
+    // An empty list revokes nothing (callers pass the non-empty joining or leaving devices).
+    Contexts::many(contexts).map_or(Ok(()), |contexts| {
+        set_access(
+            base.wrapping_add(slot.offset as u64),
+            slot.size,
+            contexts,
+            sys::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        )
+    })
+}

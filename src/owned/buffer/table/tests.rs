@@ -1,0 +1,239 @@
+//! The page table's states and the transitions that make no driver call, on a table whose pages
+//! hold a stand-in for memory: retire and its ticket, the evicted marks, the claims, and what every
+//! face's check then answers.
+
+use core::iter::once;
+
+use super::{Page, Slot, Table};
+use crate::error::Error;
+use crate::owned::pages::{EVICTED, RETIRED};
+
+/// A table at base 0 holding `pages`: `(offset, size, page)`, in address order, each mapped at the
+/// next epoch.
+fn table(pages: Vec<(usize, usize, Page<()>)>) -> Table<()> {
+    let mut table = Table::new(0);
+    for (offset, size, page) in pages {
+        let epoch = table.count_mapped();
+        table.slots.push(Slot {
+            offset,
+            size,
+            epoch,
+            page,
+        });
+    }
+    table
+}
+
+fn refusal(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
+    match result {
+        Ok(()) => None,
+        Err(Error::PageRange {
+            start,
+            end,
+            problem,
+        }) => Some((start, end, problem)),
+        Err(other) => panic!("unexpected {other}"),
+    }
+}
+
+#[test]
+fn a_retire_marks_its_pages_with_one_ticket_and_turns_the_generation() {
+    let mut t = table(vec![
+        (0, 4, Page::Live(())),
+        (4, 4, Page::Ungranted(())),
+        (8, 4, Page::Live(())),
+    ]);
+    assert_eq!(t.admit(0, 4, 9).unwrap(), 0, "admitted in slot 0 before");
+    t.claim(8, 12, true).unwrap();
+    let retire = t.retire(0, 12, false, || Ok(())).unwrap().unwrap();
+    assert_eq!((retire.pages, retire.lends), (3, 0));
+    assert_eq!(t.stats().pages_retired, 3);
+    assert_eq!(t.retired_bytes(), 12);
+    assert!(
+        t.slots
+            .iter()
+            .all(|s| s.retired_by(retire.ticket).is_some())
+    );
+    assert_eq!(refusal(t.usable(0, 4)), Some((0, 4, RETIRED)));
+    assert_eq!(
+        refusal(t.check_vacant(8, 12)),
+        Some((8, 12, RETIRED)),
+        "no new page over a retired one"
+    );
+    assert!(
+        t.claim(8, 12, true).is_err(),
+        "retired: not lent, its claims forgotten or not"
+    );
+    assert_eq!(
+        t.retire(0, 4, false, || Ok(())).map(|r| r.is_some()),
+        Err(Error::PageRange {
+            start: 0,
+            end: 4,
+            problem: RETIRED
+        }),
+        "retired twice"
+    );
+    // A lend admitted now counts in the other slot.
+    let mut fresh = table(vec![(0, 4, Page::Live(()))]);
+    fresh.retire(8, 12, false, || Ok(())).unwrap();
+    assert_eq!(
+        fresh.admit(0, 4, 9).unwrap(),
+        0,
+        "an empty retire turns nothing"
+    );
+    assert_eq!(t.generation % 2, 1);
+}
+
+#[test]
+fn a_retire_refused_by_its_streams_retires_nothing() {
+    let mut t = table(vec![(0, 4, Page::Live(()))]);
+    let refused = t.retire(0, 4, false, || {
+        Err(Error::StreamCapturing { what: "a capture" })
+    });
+    assert!(matches!(refused, Err(Error::StreamCapturing { .. })));
+    assert_eq!(t.retired_bytes(), 0);
+    assert_eq!(t.generation, 0);
+    assert_eq!(t.usable(0, 4), Ok(()));
+    assert!(
+        t.retire(4, 8, false, || panic!("asked for a range with no page"))
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn a_retire_forgets_the_claims_on_its_range_and_an_eviction_keeps_them_until_queued() {
+    let mut t = table(vec![
+        (0, 4, Page::Live(())),
+        (4, 4, Page::Live(())),
+        (8, 4, Page::Live(())),
+    ]);
+    t.claim(0, 8, true).unwrap();
+    t.claim(8, 12, true).unwrap();
+    t.retire(4, 8, false, || Ok(())).unwrap();
+    assert!(
+        t.claim(0, 4, false).is_ok(),
+        "a write claim that shares a byte with the retired range goes whole"
+    );
+    assert!(
+        t.claim(8, 12, false).is_err(),
+        "8..12 is still lent for writing"
+    );
+    // An eviction's retire keeps the claims until its copies are queued.
+    let mut e = table(vec![(0, 4, Page::Live(())), (4, 4, Page::Live(()))]);
+    e.claim(0, 4, true).unwrap();
+    let retire = e.retire(0, 4, true, || Ok(())).unwrap().unwrap();
+    e.unretire(retire.ticket);
+    assert!(
+        e.claim(0, 4, false).is_err(),
+        "an eviction taken back keeps the claims"
+    );
+    e.retire(0, 4, true, || Ok(())).unwrap();
+    e.evicting(0, 4, 1);
+    assert_eq!(e.stats().pages_evicted, 1);
+    e.clear_claims();
+    assert!(e.claim(4, 8, true).is_ok());
+}
+
+#[test]
+fn an_evictions_retire_is_evicted_at_once_and_taken_back_whole() {
+    let mut t = table(vec![
+        (0, 4, Page::Live(())),
+        (4, 4, Page::Live(())),
+        (8, 4, Page::Live(())),
+    ]);
+    let retire = t.retire(0, 8, true, || Ok(())).unwrap().unwrap();
+    assert_eq!(t.evicted_bytes(), 8, "evicted at once");
+    assert_eq!(t.retired_bytes(), 8, "and retired until released");
+    assert_eq!(t.mapped_bytes(), 12);
+    assert_eq!(refusal(t.usable(2, 10)), Some((0, 4, EVICTED)));
+    assert_eq!(refusal(t.check_vacant(4, 8)), Some((4, 8, EVICTED)));
+    t.unretire(retire.ticket);
+    assert_eq!((t.evicted_bytes(), t.retired_bytes()), (0, 0));
+    assert_eq!(t.stats().pages_retired, 0);
+    assert_eq!(t.usable(0, 12), Ok(()));
+}
+
+#[test]
+fn unretire_gives_each_page_its_grant_back() {
+    let mut t = table(vec![(0, 4, Page::Live(())), (4, 4, Page::Ungranted(()))]);
+    let retire = t.retire(0, 8, false, || Ok(())).unwrap().unwrap();
+    t.unretire(retire.ticket);
+    assert!(matches!(t.slots[0].page, Page::Live(())));
+    assert!(matches!(t.slots[1].page, Page::Ungranted(())));
+}
+
+#[test]
+fn an_evicted_range_is_restored_only_once_its_page_is_gone() {
+    let mut t = table(vec![
+        (0, 4, Page::Live(())),
+        (4, 4, Page::Live(())),
+        (8, 4, Page::Evicted),
+    ]);
+    let retire = t.retire(4, 8, true, || Ok(())).unwrap().unwrap();
+    assert_eq!(t.check_still_evicted([4..8, 8..12]), Ok(()));
+    assert_eq!(
+        t.check_still_evicted(once(0..4)),
+        Err(Error::PageRange {
+            start: 0,
+            end: 4,
+            problem: "are not evicted (the handle was restored already?)"
+        })
+    );
+    assert_eq!(
+        refusal(t.check_still_evicted(once(8..10))),
+        Some((8, 10, "are not evicted (the handle was restored already?)")),
+        "a piece is a whole evicted range"
+    );
+    assert_eq!(t.check_restorable(once(8..12)), Ok(()));
+    assert_eq!(
+        refusal(t.check_restorable([8..12, 4..8])),
+        Some((4, 8, RETIRED)),
+        "its retired page is still there"
+    );
+    t.unretire(retire.ticket);
+    assert_eq!(
+        refusal(t.check_restorable(once(4..8))),
+        Some((4, 8, "are mapped already"))
+    );
+}
+
+#[test]
+fn the_table_ends_at_its_last_page_or_evicted_range() {
+    let t = table(vec![(0, 4, Page::Live(())), (8, 4, Page::Evicted)]);
+    assert_eq!(t.end(), 12);
+    assert_eq!(
+        (t.page_count(), t.mapped_bytes(), t.evicted_bytes()),
+        (1, 4, 4)
+    );
+    assert_eq!(
+        refusal(t.usable(0, 8)),
+        Some((4, 8, "are not mapped")),
+        "a hole before the evicted range"
+    );
+    assert_eq!(
+        refusal(t.usable(0, 12)),
+        Some((8, 12, EVICTED)),
+        "evicted first"
+    );
+    assert_eq!(table(vec![]).end(), 0);
+}
+
+#[test]
+fn a_lend_is_admitted_only_over_pages_mapped_before_it() {
+    let mut t = table(vec![(0, 4, Page::Live(()))]);
+    let epoch = t.claim(0, 4, false).unwrap();
+    let later = t.count_mapped();
+    t.slots.push(Slot {
+        offset: 4,
+        size: 4,
+        epoch: later,
+        page: Page::Live(()),
+    });
+    assert_eq!(t.admit(0, 4, epoch), Ok(0));
+    assert!(
+        refusal(t.admit(0, 8, epoch).map(drop)).is_some_and(|r| r.0 == 4),
+        "the page mapped after the lend was made"
+    );
+    assert_eq!(t.admit(0, 8, later), Ok(0));
+}
