@@ -12,6 +12,7 @@ use std::sync::{Barrier, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use common::code_name as name;
+use common::{exchange_capture_mode as exchange_mode, raw_bind as bind};
 use cuda_vmm::{Context, DeviceBuffer, Event, Stream};
 
 const GLOBAL: u32 = 0;
@@ -21,13 +22,11 @@ const CAPTURE_UNSUPPORTED: u32 = 900;
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.
 unsafe extern "C" {
-    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
     fn cuCtxSynchronize() -> u32;
     fn cuStreamSynchronize(stream: *mut c_void) -> u32;
     fn cuStreamBeginCapture_v2(stream: *mut c_void, mode: u32) -> u32;
     fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -> u32;
     fn cuStreamIsCapturing(stream: *mut c_void, status: *mut u32) -> u32;
-    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> u32;
     fn cuGraphDestroy(graph: *mut c_void) -> u32;
     fn cuMemsetD8Async(dst: u64, value: u8, count: usize, stream: *mut c_void) -> u32;
     fn cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) -> u32;
@@ -40,20 +39,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn bind(ctx: &Context) {
-    // SAFETY: a retained primary context.
-    assert_eq!(unsafe { cuCtxSetCurrent(ctx.as_raw().cast()) }, 0);
-}
-
-/// Sets the calling thread's capture mode; returns the previous one.
-fn exchange_mode(mode: u32) -> u32 {
-    let mut mode = mode;
-    // SAFETY: `mode` is readable and writable.
-    let code = unsafe { cuThreadExchangeStreamCaptureMode(&raw mut mode) };
-    assert_eq!(code, 0);
-    mode
 }
 
 fn status(stream: &Stream) -> (u32, u32) {

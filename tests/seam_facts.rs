@@ -16,7 +16,8 @@ use std::sync::{Barrier, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use common::code_name as name;
-use cuda_vmm::{Context, DeviceBuffer, Event, Stream};
+use common::{exchange_capture_mode as exchange_mode, raw_bind as bind};
+use cuda_vmm::{DeviceBuffer, Event, Stream};
 
 const GLOBAL: u32 = 0;
 const THREAD_LOCAL: u32 = 1;
@@ -34,7 +35,6 @@ const PER_THREAD: usize = 0x2;
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.
 unsafe extern "C" {
-    fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
     fn cuCtxSynchronize() -> u32;
     fn cuStreamSynchronize(stream: *mut c_void) -> u32;
     fn cuStreamQuery(stream: *mut c_void) -> u32;
@@ -49,7 +49,6 @@ unsafe extern "C" {
         deps: *mut *const *mut c_void,
         count: *mut usize,
     ) -> u32;
-    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> u32;
     fn cuGraphDestroy(graph: *mut c_void) -> u32;
     fn cuGraphGetNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize) -> u32;
     fn cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, flags: u64) -> u32;
@@ -58,26 +57,13 @@ unsafe extern "C" {
     fn cuEventRecord(event: *mut c_void, stream: *mut c_void) -> u32;
     fn cuEventQuery(event: *mut c_void) -> u32;
     fn cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: u32) -> u32;
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> u32;
 }
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn bind(ctx: &Context) {
-    // SAFETY: a retained primary context.
-    assert_eq!(unsafe { cuCtxSetCurrent(ctx.as_raw().cast()) }, 0);
-}
-
-/// Sets the calling thread's capture mode; returns the previous one.
-fn exchange_mode(mode: u32) -> u32 {
-    let mut mode = mode;
-    // SAFETY: `mode` is readable and writable.
-    let code = unsafe { cuThreadExchangeStreamCaptureMode(&raw mut mode) };
-    assert_eq!(code, 0);
-    mode
 }
 
 fn raw(stream: &Stream) -> *mut c_void {

@@ -16,6 +16,7 @@ unsafe extern "C" {
     fn cuCtxSetCurrent(ctx: *mut c_void) -> u32;
     fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) -> u32;
     fn cuCtxDisablePeerAccess(peer: *mut c_void) -> u32;
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> u32;
 }
 
 /// Every device the driver reports with its primary context, or `None` after printing why the test is
@@ -135,6 +136,21 @@ pub fn raw_bind(ctx: &Context) {
     // SAFETY: `ctx` is a retained context, alive for the call.
     let code = unsafe { cuCtxSetCurrent(ctx.as_raw().cast()) };
     assert_eq!(code, 0, "cuCtxSetCurrent: {}", code_name(code));
+}
+
+/// Raw `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture mode (0 `GLOBAL`, 1
+/// `THREAD_LOCAL`, 2 `RELAXED`); returns the previous one; panics where the driver refuses.
+pub fn exchange_capture_mode(mode: u32) -> u32 {
+    let mut mode = mode;
+    // SAFETY: `mode` is readable and writable for the call, which concerns this thread only.
+    let code = unsafe { cuThreadExchangeStreamCaptureMode(&raw mut mode) };
+    assert_eq!(
+        code,
+        0,
+        "cuThreadExchangeStreamCaptureMode: {}",
+        code_name(code)
+    );
+    mode
 }
 
 /// Raw `cuCtxEnablePeerAccess` from `from` to `to`, outside any guard: the driver's answer.
