@@ -59,6 +59,7 @@ use crate::vmm::physical::{
 
 // The wire format of an `ExportInfo` (`to_bytes`, `from_bytes`) and its checks.
 mod message;
+mod reader;
 // The Unix transport of an `ExportedAllocation`: `SCM_RIGHTS` over a socket, `pidfd_getfd`.
 mod unix;
 // A whole `VirtualBuffer`'s pages in one message: `BufferInfo`'s wire format and `ExportedBuffer`.

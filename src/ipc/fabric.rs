@@ -12,6 +12,7 @@
 use core::ffi::c_void;
 use core::fmt;
 
+use super::reader::Reader;
 use super::{Fabric, ShareableAllocation, properties};
 use crate::device::Device;
 use crate::error::{Error, check};
@@ -165,14 +166,8 @@ impl FabricHandle {
         let too_large = Error::Overflow {
             what: "shared allocation size",
         };
-        let size = reader
-            .u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or(too_large.clone())?;
-        let granularity = reader
-            .u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or(too_large)?;
+        let size = reader.usize().ok_or(too_large.clone())?;
+        let granularity = reader.usize().ok_or(too_large)?;
         if reader.u64() != Some(0) {
             return Err(bad("reserved field is not zero"));
         }
@@ -289,23 +284,6 @@ impl ShareableAllocation<Fabric> {
             )
         })?;
         FabricHandle::from_parts(shared.data, self.memory.size(), self.memory.granularity())
-    }
-}
-
-/// Little-endian fields read from the front of a byte slice, without indexing.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take::<8>().map(u64::from_le_bytes)
     }
 }
 

@@ -3,6 +3,7 @@
 //! a received one is read and checked before any driver call sees it.
 
 use super::ExportInfo;
+use super::reader::Reader;
 use crate::error::Error;
 use crate::sys;
 
@@ -62,36 +63,13 @@ impl ExportInfo {
         let too_large = Error::Overflow {
             what: "shared allocation size",
         };
-        let size = reader
-            .u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or(too_large.clone())?;
-        let granularity = reader
-            .u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or(too_large)?;
+        let size = reader.usize().ok_or(too_large.clone())?;
+        let granularity = reader.usize().ok_or(too_large)?;
         let device = reader.u32().ok_or(bad("truncated device ordinal"))?;
         if reader.u32() != Some(0) {
             return Err(bad("reserved field is not zero"));
         }
         ExportInfo::new(size, device as usize, granularity)
-    }
-}
-
-/// Little-endian fields read from the front of a byte slice, without indexing.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take::<8>().map(u64::from_le_bytes)
     }
 }
 

@@ -3,6 +3,7 @@
 //! GPU.
 
 use crate::error::Error;
+use crate::ipc::reader::Reader;
 use crate::sys;
 use crate::vmm::physical::check_multiple;
 
@@ -320,25 +321,6 @@ impl BufferInfo {
             )?);
         }
         BufferInfo::new(budget, pieces)
-    }
-}
-
-/// Little-endian fields read from the front of a byte slice, without indexing.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn usize(&mut self) -> Option<usize> {
-        self.take::<8>()
-            .map(u64::from_le_bytes)
-            .and_then(|v| usize::try_from(v).ok())
     }
 }
 
