@@ -237,3 +237,58 @@ fn a_lend_is_admitted_only_over_pages_mapped_before_it() {
     );
     assert_eq!(t.admit(0, 8, later), Ok(0));
 }
+
+mod one_pass {
+    use proptest::prelude::*;
+
+    use super::{Page, Table, table};
+    use crate::owned::pages::{check_covered_at, check_not_evicted};
+
+    /// A table from `parts`: each a gap before the page (0 or 1 unit), its size (1 to 3 units) and
+    /// its state (0 live, 1 ungranted, 2 evicted, 3 retired, 4 retired by an eviction).
+    fn build(parts: &[(usize, usize, u8)]) -> Table<()> {
+        let mut offset = 0;
+        let mut pages = Vec::new();
+        let mut retired = Vec::new();
+        for &(gap, size, state) in parts {
+            offset += gap;
+            let page = match state {
+                1 => Page::Ungranted(()),
+                2 => Page::Evicted,
+                _ => Page::Live(()),
+            };
+            if state >= 3 {
+                retired.push((offset, offset + size, state == 4));
+            }
+            pages.push((offset, size, page));
+            offset += size;
+        }
+        let mut t = table(pages);
+        for (start, end, evicted) in retired {
+            t.retire(start, end, evicted, || Ok(())).unwrap();
+        }
+        t
+    }
+
+    proptest! {
+        /// The one pass answers as the two checks it stands for, on every table, range and epoch,
+        /// and `usable_since` then gives their error.
+        #[test]
+        fn the_one_pass_answers_as_the_two_checks(
+            parts in proptest::collection::vec((0usize..2, 1usize..4, 0u8..5), 0..10),
+            start in 0usize..30,
+            len in 0usize..12,
+            epoch in 0u64..12,
+        ) {
+            let t = build(&parts);
+            let end = start + len;
+            let slow = check_not_evicted(&t.slots, start, end)
+                .and_then(|()| check_covered_at(&t.slots, start, end, epoch));
+            prop_assert_eq!(t.live_run(start, end, epoch), slow.is_ok());
+            prop_assert_eq!(t.usable_since(start, end, epoch), slow);
+            let slow_now = check_not_evicted(&t.slots, start, end)
+                .and_then(|()| check_covered_at(&t.slots, start, end, u64::MAX));
+            prop_assert_eq!(t.usable(start, end), slow_now);
+        }
+    }
+}
