@@ -12,7 +12,7 @@
 use core::ffi::c_void;
 use core::fmt;
 
-use super::reader::Reader;
+use super::reader::{Reader, encode};
 use super::{Fabric, ShareableAllocation, properties};
 use crate::device::Device;
 use crate::error::{Error, check};
@@ -118,8 +118,7 @@ impl FabricHandle {
     /// The encoding that [`from_bytes`](FabricHandle::from_bytes) reads.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; FabricHandle::ENCODED_LEN] {
-        let mut out = [0u8; FabricHandle::ENCODED_LEN];
-        let fields: [&[u8]; 7] = [
+        encode(&[
             &MAGIC,
             &VERSION.to_le_bytes(),
             &sys::CU_MEM_HANDLE_TYPE_FABRIC.to_le_bytes(),
@@ -127,14 +126,7 @@ impl FabricHandle {
             &(self.granularity as u64).to_le_bytes(),
             &0u64.to_le_bytes(),
             &self.handle,
-        ];
-        let mut rest: &mut [u8] = &mut out;
-        for field in fields {
-            let (head, tail) = rest.split_at_mut(field.len());
-            head.copy_from_slice(field);
-            rest = tail;
-        }
-        out
+        ])
     }
 
     /// Reads and checks an encoding made by [`to_bytes`](FabricHandle::to_bytes): nothing of it

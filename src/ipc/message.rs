@@ -3,7 +3,7 @@
 //! a received one is read and checked before any driver call sees it.
 
 use super::ExportInfo;
-use super::reader::Reader;
+use super::reader::{Reader, encode};
 use crate::error::Error;
 use crate::sys;
 
@@ -20,8 +20,7 @@ impl ExportInfo {
     /// The encoding that [`from_bytes`](ExportInfo::from_bytes) reads.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; ExportInfo::ENCODED_LEN] {
-        let mut out = [0u8; ExportInfo::ENCODED_LEN];
-        let fields: [&[u8]; 7] = [
+        encode(&[
             &MAGIC,
             &VERSION.to_le_bytes(),
             &sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.to_le_bytes(),
@@ -29,14 +28,7 @@ impl ExportInfo {
             &(self.granularity as u64).to_le_bytes(),
             &self.device.to_le_bytes(),
             &0u32.to_le_bytes(),
-        ];
-        let mut rest: &mut [u8] = &mut out;
-        for field in fields {
-            let (head, tail) = rest.split_at_mut(field.len());
-            head.copy_from_slice(field);
-            rest = tail;
-        }
-        out
+        ])
     }
 
     /// Reads and checks an encoding made by [`to_bytes`](ExportInfo::to_bytes): nothing of it reaches

@@ -1,5 +1,22 @@
 //! [`Reader`]: the little-endian fields of a description another process sent, read from the front
-//! of a byte slice without indexing. The one reader of the POSIX-fd, buffer and fabric descriptions.
+//! of a byte slice without indexing, and [`encode`], which lays a description's fields out. The one
+//! reader and writer of the POSIX-fd, buffer and fabric descriptions.
+
+/// The `fields` one after another in `N` bytes, the rest zero: a description's encoding. A field
+/// that would run past the end is left out, with every field after it (the callers' fields fill
+/// `N` exactly: their tests read every field back).
+pub(super) fn encode<const N: usize>(fields: &[&[u8]]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut rest: &mut [u8] = &mut out;
+    for field in fields {
+        let Some((head, tail)) = rest.split_at_mut_checked(field.len()) else {
+            break;
+        };
+        head.copy_from_slice(field);
+        rest = tail;
+    }
+    out
+}
 
 /// Little-endian fields read from the front of a byte slice, without indexing: each read is `None`
 /// once the bytes run out.
@@ -28,7 +45,17 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::Reader;
+    use super::{Reader, encode};
+
+    #[test]
+    fn fields_are_laid_out_in_order_and_none_runs_past_the_end() {
+        assert_eq!(
+            encode::<6>(&[&[1, 2], &[3], &[4, 5, 6]]),
+            [1, 2, 3, 4, 5, 6]
+        );
+        assert_eq!(encode::<4>(&[&[1], &[2, 3, 4, 5], &[6]]), [1, 0, 0, 0]);
+        assert_eq!(encode::<3>(&[&[7]]), [7, 0, 0]);
+    }
 
     #[test]
     fn fields_are_read_in_order_until_the_bytes_run_out() {
