@@ -258,6 +258,10 @@ assert_impl_all!(cuda_vmm::stream::Rewritable<'static, u32>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Rewritable<'static, u32>: Clone, Copy);
 assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadWrite>: Send, Sync, Copy);
 assert_impl_all!(cuda_vmm::owned::ScopedBuffer<'static, ReadOnly>: Send, Sync, Copy);
+// A claimed range is its writer's alone: sent to a thread, shared read-only (its views need
+// `&mut`), never copied into a second writer.
+assert_impl_all!(cuda_vmm::owned::ClaimedRange<'static, u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::owned::ClaimedRange<'static, u32>: Clone, Copy);
 // The cudarc interop: a scope is shared with threads that queue work on its stream too; a read-only
 // lent view is a `Copy` handle, as a `DeviceSlice` is; a writable one is exclusive, as a
 // `DeviceSliceMut` is, and a copy of it would be a second writer.

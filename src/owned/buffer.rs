@@ -31,6 +31,7 @@ use super::shared::SharedPage;
 use page::Memory;
 use table::Table;
 
+mod claimed;
 mod dmabuf;
 mod evict;
 mod exportable;
@@ -41,6 +42,7 @@ mod scoped;
 mod table;
 mod views;
 
+pub use claimed::ClaimedRange;
 pub use evict::{Evicted, NotRestored};
 pub use exportable::ExportableBuffer;
 pub use page::{BufferStats, PageInfo, PageOptions};
@@ -269,9 +271,12 @@ impl<M: AccessMode> VirtualBuffer<M> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The table, through `&mut self`: no lock needed.
+    /// The table, through `&mut self`: no lock needed. The exclusive borrow proves that no
+    /// [`ClaimedRange`] lives, so the holds a forgotten one left are let go here.
     fn table_mut(&mut self) -> &mut Table {
-        self.table.get_mut().unwrap_or_else(PoisonError::into_inner)
+        let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
+        table.forget_holds();
+        table
     }
 
     /// `cuMemCreate`, `cuMemMap`, `cuMemSetAccess` — allocate `size` bytes of `device`'s memory and map

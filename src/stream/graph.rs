@@ -64,7 +64,10 @@ pub use park::{NotRebound, ParkedGraph, Rebind};
 ///   [`VirtualBuffer::in_scope`](crate::VirtualBuffer::in_scope), a
 ///   [`Rewritable`](super::Rewritable)) is not
 ///   captured ([`Error::StreamRefused`]). Pages mapped elsewhere in the same
-///   [`VirtualBuffer`](crate::VirtualBuffer) (`grow` takes `&self`) disturb no captured address.
+///   [`VirtualBuffer`](crate::VirtualBuffer) (`grow` takes `&self`) disturb no captured address;
+///   a graph that writes part of a buffer which must keep growing captures the view of a claimed
+///   range ([`VirtualBuffer::claim_bytes_mut`](crate::VirtualBuffer::claim_bytes_mut)), which
+///   borrows the buffer shared.
 /// - **Replays are scoped.** A replay borrows the graph for its scope, which waits for it: no
 ///   replay outlives the graph, and the graph's kernel arguments change
 ///   ([`set_kernel_args`](Graph::set_kernel_args), `&mut self`) only between scopes.

@@ -73,6 +73,10 @@ impl<P> Page<P> {
     }
 }
 
+/// What the bytes of a [`ClaimedRange`](super::ClaimedRange) are, in errors.
+pub(super) const HELD: &str = "are claimed for writing by a ClaimedRange (VirtualBuffer::claim_bytes_mut) \
+                               that is still alive";
+
 /// One range of the table: `[offset, offset + size)` and what it holds.
 pub(super) struct Slot<P> {
     offset: usize,
@@ -201,6 +205,10 @@ pub(super) struct Table<P = Backing> {
     /// Turned by each retire; its parity is the slot of the buffer's lend counts that admissions
     /// count in.
     generation: usize,
+    /// The ranges `[start, end)` held by a [`ClaimedRange`](super::ClaimedRange) each, disjoint:
+    /// no view of the buffer covers their bytes but the claim's own. Emptied through `&mut` of
+    /// the buffer, which proves that no claim lives (a forgotten one left its range here).
+    held: Vec<(usize, usize)>,
 }
 
 impl<P> Table<P> {
@@ -214,6 +222,7 @@ impl<P> Table<P> {
             retires: Retires::default(),
             claims: Claims::default(),
             generation: 0,
+            held: Vec::new(),
         }
     }
 
@@ -321,6 +330,40 @@ impl<P> Table<P> {
     /// Forgets every claim: the scope that held them has ended.
     pub(super) fn clear_claims(&mut self) {
         self.claims.clear();
+    }
+
+    /// Holds `[start, end)` for one writer, once it is [`usable`](Table::usable) and no other
+    /// hold shares a byte with it: a [`ClaimedRange`](super::ClaimedRange) is made.
+    pub(super) fn hold(&mut self, start: usize, end: usize) -> Result<(), Error> {
+        self.usable(start, end)?;
+        self.not_held(start, end)?;
+        self.held.push((start, end));
+        Ok(())
+    }
+
+    /// `Ok` where no hold shares a byte with `[start, end)`, else the first shared bytes named:
+    /// what every other view made through `&self` of the buffer checks.
+    pub(super) fn not_held(&self, start: usize, end: usize) -> Result<(), Error> {
+        match self.held.iter().find(|h| h.0 < end && h.1 > start) {
+            Some(&(s, e)) => Err(Error::PageRange {
+                start: s.max(start),
+                end: e.min(end),
+                problem: HELD,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Lets go of the hold `[start, end)`: its claim has ended.
+    pub(super) fn release_hold(&mut self, start: usize, end: usize) {
+        if let Some(i) = self.held.iter().position(|&h| h == (start, end)) {
+            self.held.swap_remove(i);
+        }
+    }
+
+    /// Forgets every hold: the buffer is borrowed exclusively, so no claim lives.
+    pub(super) fn forget_holds(&mut self) {
+        self.held.clear();
     }
 
     /// An eviction in a scope has queued its copies: the claims on `[start, end)` are forgotten and

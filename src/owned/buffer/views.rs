@@ -19,8 +19,17 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;
-        self.lock().usable(start, end)?;
+        let table = self.lock();
+        table.usable(start, end)?;
+        table.not_held(start, end)?;
         Ok((self.base.wrapping_add(start as u64), len))
+    }
+
+    /// As `view_range`, for a view made through `&mut self`: no claim lives, so the holds that
+    /// forgotten ones left are let go first.
+    fn view_range_mut<T>(&mut self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
+        self.table_mut().forget_holds();
+        self.view_range::<T>(bytes)
     }
 
     /// For a registration with a communicator on `device`, which holds the buffer exclusively: the
@@ -124,7 +133,7 @@ impl VirtualBuffer<ReadWrite> {
         &mut self,
         bytes: impl RangeBounds<usize>,
     ) -> Result<DeviceSliceMut<'_, T>, Error> {
-        let (ptr, len) = self.view_range::<T>(bytes)?;
+        let (ptr, len) = self.view_range_mut::<T>(bytes)?;
         let context = self.first_context()?;
         Ok(DeviceSliceMut::from_granted(
             ptr,
@@ -144,7 +153,7 @@ impl VirtualBuffer<ReadWrite> {
         device: Device,
         bytes: impl RangeBounds<usize>,
     ) -> Result<DeviceSliceMut<'_, T>, Error> {
-        let (ptr, len) = self.view_range::<T>(bytes)?;
+        let (ptr, len) = self.view_range_mut::<T>(bytes)?;
         let context = self.context_of(device)?;
         // As for `slice_through`; the range is writable (`ReadWrite` grants) and exclusive for as
         // long as `self` is borrowed mutably.
@@ -206,7 +215,7 @@ impl VirtualBuffer<ReadWrite> {
         let mut spans = [(0usize, 0usize); N];
         for ((part, span), range) in parts.iter_mut().zip(spans.iter_mut()).zip(ranges) {
             *span = (range.start, range.end);
-            *part = self.view_range::<T>(range)?;
+            *part = self.view_range_mut::<T>(range)?;
         }
         if let Some((start, end)) = first_overlap(&mut spans) {
             return Err(Error::PageRange {
@@ -251,14 +260,20 @@ impl<M: AccessMode> Covers for VirtualBuffer<M> {
                 problem: "are in a VirtualBuffer whose access set does not name the graph's device",
             });
         }
-        self.lock().usable(from, to)?;
+        let table = self.lock();
+        table.usable(from, to)?;
+        // Bytes a claim holds are its writer's: only the claim itself covers them
+        // (`Rebind::writes_claimed`).
+        table.not_held(from, to)?;
         Ok(true)
     }
 }
 
 impl<'g> Rebind<'g> {
     /// Give `buffer` for the graph to read, for `'g`: any of its ranges the graph reads is checked
-    /// by [`finish`](Rebind::finish) against its pages.
+    /// by [`finish`](Rebind::finish) against its pages. Bytes a live
+    /// [`ClaimedRange`](super::ClaimedRange) holds are not covered: give the claim itself
+    /// ([`writes_claimed`](Rebind::writes_claimed)).
     #[must_use = "the rebind is made by `finish`"]
     pub fn reads<M: AccessMode>(self, buffer: &'g VirtualBuffer<M>) -> Rebind<'g> {
         self.give_pages(buffer, false)

@@ -348,12 +348,25 @@ impl<'g> Rebind<'g> {
             return Ok(());
         }
         let mut read_only = false;
+        // A buffer's refusal (bytes evicted, say, or held by a claim) stands unless another
+        // given memory covers the bytes: a claimed range given for writing covers bytes that the
+        // whole buffer, given for reading, refuses.
+        let mut refused = None;
         for given in &self.given {
             let (inside, writable) = match *given {
-                Given::Buffer { buffer, writable } => (
-                    !touch.host && buffer.covers(touch.start, touch.end, device)?,
-                    writable,
-                ),
+                Given::Buffer { buffer, writable } => {
+                    if touch.host {
+                        (false, writable)
+                    } else {
+                        match buffer.covers(touch.start, touch.end, device) {
+                            Ok(inside) => (inside, writable),
+                            Err(error) => {
+                                refused.get_or_insert(error);
+                                continue;
+                            }
+                        }
+                    }
+                }
                 Given::Span {
                     start,
                     end,
@@ -377,6 +390,9 @@ impl<'g> Rebind<'g> {
                 }
                 read_only = true;
             }
+        }
+        if let Some(error) = refused {
+            return Err(error);
         }
         Err(graph_range(
             touch,

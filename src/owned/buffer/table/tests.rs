@@ -4,7 +4,7 @@
 
 use core::iter::once;
 
-use super::{Page, Slot, Table};
+use super::{HELD, Page, Slot, Table};
 use crate::error::Error;
 use crate::owned::pages::{EVICTED, RETIRED};
 
@@ -236,6 +236,30 @@ fn a_lend_is_admitted_only_over_pages_mapped_before_it() {
         "the page mapped after the lend was made"
     );
     assert_eq!(t.admit(0, 8, later), Ok(0));
+}
+
+#[test]
+fn a_hold_is_exclusive_named_when_shared_and_let_go_once() {
+    let mut t = table(vec![(0, 4, Page::Live(())), (4, 4, Page::Live(()))]);
+    t.hold(0, 4).unwrap();
+    assert_eq!(refusal(t.not_held(2, 6)), Some((2, 4, HELD)));
+    assert_eq!(
+        refusal(t.hold(3, 8)),
+        Some((3, 4, HELD)),
+        "a second hold shares 3..4"
+    );
+    assert_eq!(t.not_held(4, 8), Ok(()));
+    t.hold(4, 8).unwrap();
+    t.release_hold(0, 4);
+    assert_eq!(t.not_held(0, 4), Ok(()), "let go");
+    assert_eq!(refusal(t.not_held(0, 8)), Some((4, 8, HELD)));
+    t.forget_holds();
+    assert_eq!(t.not_held(0, 8), Ok(()));
+    // Only usable bytes are held: a retired page, or a hole, is refused as for a view.
+    t.retire(0, 4, false, || Ok(())).unwrap();
+    assert_eq!(refusal(t.hold(0, 4)), Some((0, 4, RETIRED)));
+    assert!(t.hold(6, 12).is_err(), "8..12 is a hole");
+    assert_eq!(t.not_held(0, 12), Ok(()), "a refused hold holds nothing");
 }
 
 mod one_pass {
