@@ -77,7 +77,7 @@ mod shared;
 
 pub use buffer::{
     BufferStats, Evicted, EvictedInFlight, ExportableBuffer, NotRestored, PageInfo, PageOptions,
-    ScopedBuffer, VirtualBuffer,
+    ReserveOptions, ScopedBuffer, VirtualBuffer,
 };
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

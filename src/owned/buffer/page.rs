@@ -152,6 +152,30 @@ pub struct BufferStats {
     /// Pages restored ([`VirtualBuffer::restore`](super::VirtualBuffer::restore)): created, mapped
     /// and granted again (each also counts in `pages_mapped`), their bytes copied back.
     pub pages_restored: u64,
+    /// Pages the reserve holds now ([`VirtualBuffer::reserve_ahead`](super::VirtualBuffer::reserve_ahead)):
+    /// created, mapped and granted ahead of need, not yet the buffer's. Memory the buffer holds,
+    /// on top of [`mapped_bytes`](super::VirtualBuffer::mapped_bytes).
+    pub reserve_pages: u64,
+    /// The bytes of the pages the reserve holds now.
+    pub reserve_bytes: u64,
+    /// The most pages the reserve held at once, those being made included: never more than its
+    /// bound.
+    pub reserve_peak_pages: u64,
+    /// Pages the reserve's worker created, mapped and granted (its `cuMemMap` and
+    /// `cuMemSetAccess` count in `map_calls` and `set_access_calls`).
+    pub reserve_created: u64,
+    /// Pages of the reserve a map or grow took, with no driver call (each also counts in
+    /// `pages_mapped`). `reserve_created == reserve_taken + reserve_released + reserve_pages`.
+    pub reserve_taken: u64,
+    /// Pages of the reserve unmapped and released unused: by
+    /// [`trim`](super::VirtualBuffer::trim), the drop, or a map of another size or device over them.
+    pub reserve_released: u64,
+    /// Fills of the reserve the driver refused (or a fault injected for tests refused): each is
+    /// returned by the next map or grow that would have used the reserve.
+    pub reserve_faults: u64,
+    /// Retired pages the reserve's worker unmapped and released, off the caller's thread (each
+    /// also counts in `pages_released`).
+    pub released_in_background: u64,
 }
 
 /// One page of a [`VirtualBuffer`](super::VirtualBuffer), as

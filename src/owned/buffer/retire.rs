@@ -89,16 +89,17 @@ impl<M: AccessMode> VirtualBuffer<M> {
             .unwrap_or_else(PoisonError::into_inner);
         let retire = {
             let mut table = self.lock();
-            table.reclaim_finished();
+            self.reclaim_here(&mut table);
             match table.retire(start, end, false, || not_capturing(each))? {
                 Some(retire) => retire,
                 None => return Ok(0),
             }
         };
         self.wait_for_lends(retire.lends)?;
-        self.lock()
-            .record(retire.ticket, each)
-            .map(|()| retire.pages)
+        let recorded = self.lock().record(retire.ticket, each);
+        // The reserve's worker, if any, releases the pages once the events have completed.
+        self.shared.wake_worker();
+        recorded.map(|()| retire.pages)
     }
 
     /// Waits until every lend admitted in the generation whose slot is `old` (turned by the caller
