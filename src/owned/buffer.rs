@@ -429,7 +429,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let options = self.options.for_device(device);
         let granularity = options.minimum_granularity_cached()?;
         let mut table = self.lock();
-        self.reclaim_here(&mut table);
+        table.reclaim_here();
         let (offset, end) = loop {
             let offset = offset.unwrap_or_else(|| table.end());
             let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
@@ -500,7 +500,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             });
         };
         let mut table = self.lock();
-        self.reclaim_here(&mut table);
+        table.reclaim_here();
         let granularity = granularity(device)?.max(page.granularity());
         let end = check_new_range(
             (self.base, self.budget, BUDGET),

@@ -121,9 +121,11 @@ impl PageOptions {
 /// Counts of the driver calls a [`VirtualBuffer`](super::VirtualBuffer) made on its pages, since it
 /// was created.
 ///
-/// They make the buffer's cost visible: with an access set that never changes, every page mapped costs
-/// exactly one `cuMemMap` and one `cuMemSetAccess`, however often its bytes are viewed
-/// (`set_access_calls == pages_mapped`).
+/// They make the buffer's cost visible: with an access set that never changes and no reserve, every
+/// page mapped costs exactly one `cuMemMap` and one `cuMemSetAccess`, however often its bytes are
+/// viewed (`set_access_calls == pages_mapped`). With a reserve, the worker's calls count here too:
+/// one `cuMemMap` and one `cuMemSetAccess` per page it made (`reserve_created`), and none for a page
+/// a map took from it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct BufferStats {

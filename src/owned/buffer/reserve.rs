@@ -25,7 +25,7 @@ use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple
 
 use super::ahead::{IDLE, ReserveOptions, Shared, Worker, give_back};
 use super::page::{Backing, Memory};
-use super::table::{Calls, Fill, Table, map_at, unmap_and_release};
+use super::table::{Calls, Fill, map_at, unmap_and_release};
 use super::{BUDGET, VirtualBuffer};
 
 /// How often the worker looks at the events of the retires that wait (`cuEventQuery`), while
@@ -170,16 +170,6 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let _ = worker.thread.join();
         self.table_mut().end_reserve();
         Some(worker.options)
-    }
-
-    /// What a map or retire through `&self` does first: where a reserve runs, its worker is woken
-    /// to release the retires that have finished; else they are released here.
-    pub(super) fn reclaim_here(&self, table: &mut Table) {
-        if table.reserving() {
-            self.shared.wake_worker();
-        } else {
-            table.reclaim_finished();
-        }
     }
 }
 

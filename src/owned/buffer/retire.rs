@@ -89,7 +89,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             .unwrap_or_else(PoisonError::into_inner);
         let retire = {
             let mut table = self.lock();
-            self.reclaim_here(&mut table);
+            table.reclaim_here();
             match table.retire(start, end, false, || not_capturing(each))? {
                 Some(retire) => retire,
                 None => return Ok(0),

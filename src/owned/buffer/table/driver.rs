@@ -326,6 +326,16 @@ impl Table<Backing> {
         }
     }
 
+    /// What a map or retire through `&self` does first: where no reserve runs, the retires that
+    /// have finished are released here ([`reclaim_finished`](Table::reclaim_finished)); where one
+    /// runs, its worker releases them (it looks at their events while any wait, and each retire
+    /// wakes it), and the caller's thread makes no call.
+    pub(in crate::owned::buffer) fn reclaim_here(&mut self) {
+        if !self.reserving() {
+            self.reclaim_finished();
+        }
+    }
+
     /// `cuMemUnmap` and `cuMemRelease` of the retired page of `self.slots[index]`, whose work has
     /// finished: it leaves the table, or leaves its range evicted.
     fn release_retired(&mut self, index: usize) -> Result<(), Error> {

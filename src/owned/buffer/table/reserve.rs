@@ -68,9 +68,13 @@ impl<P> Table<P> {
 
     /// Whether a range the worker is filling shares a byte with `[offset, end)`.
     pub(in crate::owned::buffer) fn filling_in(&self, offset: usize, end: usize) -> bool {
+        let first = self.slots.partition_point(|s| Span::end(s) <= offset);
         self.slots
+            .get(first..)
+            .unwrap_or_default()
             .iter()
-            .any(|s| matches!(s.page, Page::Filling) && s.offset < end && Span::end(s) > offset)
+            .take_while(|s| s.offset < end)
+            .any(|s| matches!(s.page, Page::Filling))
     }
 
     /// The pages the reserve holds (`Ready` and `Filling`).
