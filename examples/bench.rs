@@ -2507,10 +2507,12 @@ fn decode_name(motion: Motion) -> (&'static str, &'static str) {
 fn reserve_note(row: &str, stats: cuda_vmm::owned::BufferStats) {
     println!(
         "  note ({row}): {} of {} maps took a page of the reserve (no driver call), the worker \
-         made {} pages and released {} retired ones, {} refused fills",
+         made {} pages ({} of them with the memory of a retired page) and released {} retired \
+         ones, {} refused fills",
         stats.reserve_taken,
         stats.pages_mapped,
         stats.reserve_created,
+        stats.reserve_recycled,
         stats.released_in_background,
         stats.reserve_faults,
     );

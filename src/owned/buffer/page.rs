@@ -163,8 +163,9 @@ pub struct BufferStats {
     /// The most pages the reserve held at once, those being made included: never more than its
     /// bound.
     pub reserve_peak_pages: u64,
-    /// Pages the reserve's worker created, mapped and granted (its `cuMemMap` and
-    /// `cuMemSetAccess` count in `map_calls` and `set_access_calls`).
+    /// Pages the reserve's worker put in the reserve, mapped and granted: created, or the memory
+    /// of a retired page recycled (`reserve_recycled`). Its `cuMemMap` and `cuMemSetAccess` count
+    /// in `map_calls` and `set_access_calls`.
     pub reserve_created: u64,
     /// Pages of the reserve a map or grow took, with no driver call (each also counts in
     /// `pages_mapped`). `reserve_created == reserve_taken + reserve_released + reserve_pages`.
@@ -178,6 +179,11 @@ pub struct BufferStats {
     /// Retired pages the reserve's worker unmapped and released, off the caller's thread (each
     /// also counts in `pages_released`).
     pub released_in_background: u64,
+    /// Retired pages the reserve's worker unmapped and mapped again into the reserve, their memory
+    /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created`. Every page
+    /// mapped is released or recycled in the end:
+    /// `pages_mapped == pages_released + reserve_recycled` once none is mapped.
+    pub reserve_recycled: u64,
 }
 
 /// One page of a [`VirtualBuffer`](super::VirtualBuffer), as

@@ -14,6 +14,12 @@
 //! driver calls without the lock, and hands the page back (`Ready`), so a map that takes the lock
 //! meanwhile never waits for a driver call; the same for a retired page (`Releasing`). Every
 //! check of the buffer refuses a page of the reserve as it refuses a hole, and names it.
+//!
+//! Each round of the worker: the retired pages whose events have completed are unmapped; the
+//! memory of those that fit the reserve (owned, of its size, device and options) is mapped again
+//! at the next slots to fill, while the bound leaves room (no `cuMemRelease`, no `cuMemCreate`:
+//! a page costs the worker `cuMemUnmap`, `cuMemMap` and `cuMemSetAccess`), and the rest is
+//! released; then the slots are filled, one at a time, nearest first, each handed back at once.
 
 use core::time::Duration;
 use std::sync::Arc;
@@ -25,7 +31,7 @@ use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple
 
 use super::ahead::{IDLE, ReserveOptions, Shared, Worker, give_back};
 use super::page::{Backing, Memory};
-use super::table::{Calls, Fill, map_at, unmap_and_release};
+use super::table::{Calls, Fill, map_at, unmap_page};
 use super::{BUDGET, VirtualBuffer};
 
 /// How often the worker looks at the events of the retires that wait (`cuEventQuery`), while
@@ -183,7 +189,7 @@ struct Job {
     device: Device,
     size: usize,
     fail_create: Option<u64>,
-    /// The pages this worker tried to create.
+    /// The pages this worker asked `cuMemCreate` for (recycled memory aside).
     created: u64,
 }
 
@@ -199,61 +205,108 @@ impl Job {
                 return;
             }
             let releasing = table.finished_retires();
+            // The slots to fill in this round: one per page released, up to the room the bound
+            // leaves (their memory is recycled where it fits), or one where none is released.
+            let mut slots = Vec::new();
+            while slots.len() < releasing.len().max(1) {
+                match table.next_fill() {
+                    Some((offset, _)) => slots.push(offset),
+                    None => break,
+                }
+            }
+            if releasing.is_empty() && slots.is_empty() {
+                let wait = if table.has_retires() { POLL } else { IDLE };
+                table = shared
+                    .changed
+                    .wait_timeout(table, wait)
+                    .map_or_else(|poisoned| poisoned.into_inner().0, |(table, _)| table);
+                continue;
+            }
+            drop(table);
+            let mut spare = Vec::new();
             if !releasing.is_empty() {
-                drop(table);
                 let mut calls = Calls::default();
-                let outcomes: Vec<(usize, Result<(), Backing>)> = releasing
-                    .into_iter()
-                    .map(|(offset, size, backing)| {
-                        // SAFETY: a retired page whose retire's events have all completed (each
-                        // recorded after all the work queued before the retire, with no lend left
-                        // in progress), mapped whole at `offset`: no queued work uses it and no
-                        // view reaches it; it is `Releasing` in the table, which only this worker
-                        // changes, and nothing maps or unmaps there until `released` below.
-                        let outcome = unsafe {
-                            unmap_and_release(self.base, offset, size, backing, &mut calls)
-                        };
-                        // A refused release is ignored, as in `drop`: the page is unmapped and
-                        // gone either way.
-                        (offset, outcome.map(drop))
-                    })
-                    .collect();
+                let mut outcomes = Vec::with_capacity(releasing.len());
+                for (offset, size, backing) in releasing {
+                    // SAFETY: a retired page whose retire's events have all completed (each
+                    // recorded after all the work queued before the retire, with no lend left in
+                    // progress), mapped whole at `offset`: no queued work uses it and no view
+                    // reaches it; it is `Releasing` in the table, which only this worker changes,
+                    // and nothing maps or unmaps there until `released` below.
+                    let unmapped = unsafe { unmap_page(self.base, offset, size, &mut calls) };
+                    let outcome = match unmapped {
+                        Err(_) => Err(backing),
+                        Ok(()) => match self.recyclable(backing, spare.len() < slots.len()) {
+                            Ok(memory) => {
+                                spare.push(memory);
+                                Ok(true)
+                            }
+                            Err(backing) => {
+                                // Ignored, as in `drop`: the page is unmapped and gone either way.
+                                let _ = backing.memory.release_code();
+                                Ok(false)
+                            }
+                        },
+                    };
+                    outcomes.push((offset, outcome));
+                }
                 table = shared.lock();
                 table.count_calls(0, 0, calls.unmaps);
                 for (offset, outcome) in outcomes {
                     table.released(offset, outcome);
                 }
                 shared.wake_worker();
-                continue;
-            }
-            if let Some((offset, _)) = table.next_fill() {
                 drop(table);
+            }
+            for offset in slots {
                 let mut calls = Calls::default();
-                let fill = self.fill(offset, &mut calls);
+                let fill = self.fill(offset, spare.pop(), &mut calls);
                 table = shared.lock();
                 table.count_calls(calls.maps, calls.grants, calls.unmaps);
                 table.filled(offset, fill);
                 shared.wake_worker();
-                continue;
+                drop(table);
             }
-            let wait = if table.has_retires() { POLL } else { IDLE };
-            table = shared
-                .changed
-                .wait_timeout(table, wait)
-                .map_or_else(|poisoned| poisoned.into_inner().0, |(table, _)| table);
+            // Every spare was mapped: there are no more of them than slots.
+            table = shared.lock();
         }
     }
 
-    /// `cuMemCreate`, `cuMemMap`, `cuMemSetAccess` of one page at `offset`, which the table marks
-    /// `Filling` for this worker.
-    fn fill(&mut self, offset: usize, calls: &mut Calls) -> Fill<Backing> {
-        self.created = self.created.saturating_add(1);
-        if self.fail_create == Some(self.created) {
-            return Fill::Refused(Error::Driver(DriverError::OUT_OF_MEMORY));
+    /// The memory of `backing`, unmapped, where it can be a page of the reserve (`wanted`, owned by
+    /// the buffer, of the reserve's size, device and options), else `backing` back.
+    fn recyclable(&self, backing: Backing, wanted: bool) -> Result<PhysicalAllocation, Backing> {
+        let fits = wanted
+            && backing.device == self.device
+            && backing.memory.size() == self.size
+            && matches!(&backing.memory, Memory::Own(m) if m.options() == self.allocation);
+        match backing.memory {
+            Memory::Own(memory) if fits => Ok(memory),
+            memory => Err(Backing {
+                memory,
+                device: backing.device,
+            }),
         }
-        let memory = match PhysicalAllocation::with_options(self.size, self.allocation) {
-            Ok(memory) => memory,
-            Err(error) => return Fill::Refused(error),
+    }
+
+    /// `cuMemCreate` (unless `recycled` memory is given), `cuMemMap`, `cuMemSetAccess` of one page
+    /// at `offset`, which the table marks `Filling` for this worker.
+    fn fill(
+        &mut self,
+        offset: usize,
+        recycled: Option<PhysicalAllocation>,
+        calls: &mut Calls,
+    ) -> Fill<Backing> {
+        let memory = if let Some(memory) = recycled {
+            memory
+        } else {
+            self.created = self.created.saturating_add(1);
+            if self.fail_create == Some(self.created) {
+                return Fill::Refused(Error::Driver(DriverError::OUT_OF_MEMORY));
+            }
+            match PhysicalAllocation::with_options(self.size, self.allocation) {
+                Ok(memory) => memory,
+                Err(error) => return Fill::Refused(error),
+            }
         };
         let backing = Backing {
             memory: Memory::Own(memory),

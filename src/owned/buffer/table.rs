@@ -48,7 +48,7 @@ mod reserve;
 #[cfg(test)]
 mod tests;
 
-pub(super) use driver::{Calls, map_at, unmap_and_release};
+pub(super) use driver::{Calls, map_at, unmap_and_release, unmap_page};
 pub(super) use reserve::Fill;
 
 /// What one range of the budget holds: a page, in one of its states. `P` is what a mapped page

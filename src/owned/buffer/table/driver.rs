@@ -539,13 +539,28 @@ pub(in crate::owned::buffer) unsafe fn unmap_and_release(
     backing: Backing,
     calls: &mut Calls,
 ) -> Result<DriverResult<()>, Backing> {
-    bump(&mut calls.unmaps);
-    // SAFETY: the page's whole mapping, which nothing uses or reaches, unmapped once by the holder
-    // of its range (this function's contract).
-    match check(unsafe { sys::cuMemUnmap(base.wrapping_add(offset as u64), size) }) {
+    // SAFETY: this function's contract is `unmap_page`'s.
+    match unsafe { unmap_page(base, offset, size, calls) } {
         Ok(()) => Ok(backing.memory.release_code()),
         Err(_) => Err(backing),
     }
+}
+
+/// `cuMemUnmap` — unmap the page mapped whole at byte `offset` of the buffer at `base`; its memory
+/// stays the caller's (to release, or to map again). Counts its call in `calls`.
+///
+/// # Safety
+/// As [`unmap_and_release`].
+pub(in crate::owned::buffer) unsafe fn unmap_page(
+    base: u64,
+    offset: usize,
+    size: usize,
+    calls: &mut Calls,
+) -> DriverResult<()> {
+    bump(&mut calls.unmaps);
+    // SAFETY: the page's whole mapping, which nothing uses or reaches, unmapped once by the holder
+    // of its range (this function's contract).
+    check(unsafe { sys::cuMemUnmap(base.wrapping_add(offset as u64), size) })
 }
 
 /// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole page of `slot`.

@@ -281,9 +281,10 @@ impl<P> Table<P> {
     }
 
     /// The worker's release of the page at `offset` is done: the range is a hole (or evicted) again,
-    /// or, where the driver refused the unmap (`Err` with the page), retired again, for the drop to
+    /// its memory released or, `Ok(true)`, kept to be mapped again into the reserve (recycled); or,
+    /// where the driver refused the unmap (`Err` with the page), retired again, for the drop to
     /// try.
-    pub(in crate::owned::buffer) fn released(&mut self, offset: usize, outcome: Result<(), P>) {
+    pub(in crate::owned::buffer) fn released(&mut self, offset: usize, outcome: Result<bool, P>) {
         let Some(index) = self.slot_at(offset) else {
             return;
         };
@@ -297,9 +298,13 @@ impl<P> Table<P> {
         };
         let (ticket, evicted, granted) = (*ticket, *evicted, *granted);
         match outcome {
-            Ok(()) => {
-                bump(&mut self.stats.pages_released);
-                bump(&mut self.stats.released_in_background);
+            Ok(recycled) => {
+                if recycled {
+                    bump(&mut self.stats.reserve_recycled);
+                } else {
+                    bump(&mut self.stats.pages_released);
+                    bump(&mut self.stats.released_in_background);
+                }
                 if evicted {
                     self.set_page(index, Page::Evicted);
                 } else {
