@@ -18,9 +18,11 @@ use super::table::{Calls, Table, unmap_and_release};
 /// unless woken, before it looks again.
 pub(super) const IDLE: Duration = Duration::from_millis(20);
 
-/// What a [`VirtualBuffer`]'s reserve holds ahead of need: at most `pages` pages of `page_size`
-/// bytes of `device`'s memory, made with the buffer's [`PageOptions`](super::PageOptions) and
-/// granted to its access set, at the next vacant slots after the end of the last page mapped.
+/// What a [`VirtualBuffer`](super::VirtualBuffer)'s reserve holds ahead of need: at most `pages`
+/// pages of `page_size` bytes of `device`'s memory, made with the buffer's
+/// [`PageOptions`](super::PageOptions) and granted to its access set, at the next vacant slots
+/// after the end of the last page mapped. Given to
+/// [`VirtualBuffer::reserve_ahead`](super::VirtualBuffer::reserve_ahead).
 ///
 /// # Examples
 /// ```no_run
@@ -52,11 +54,12 @@ impl ReserveOptions {
         }
     }
 
-    /// The same reserve, whose worker refuses its `nth` page (counted from 1, since the reserve
-    /// started) as `cuMemCreate` refuses one when memory runs out
-    /// ([`DriverError::OUT_OF_MEMORY`](crate::error::DriverError::OUT_OF_MEMORY)), without asking the driver. For testing an engine's
-    /// handling of a refill that fails: the next map or grow that would have used the page returns
-    /// the error. Nothing else differs.
+    /// The same reserve, whose worker refuses the `nth` page it would ask `cuMemCreate` for
+    /// (counted from 1, since the reserve started; the memory of retired pages it recycles does
+    /// not count) as `cuMemCreate` refuses one when memory runs out
+    /// ([`DriverError::OUT_OF_MEMORY`](crate::error::DriverError::OUT_OF_MEMORY)), without asking
+    /// the driver. For testing an engine's handling of a refill that fails: the next map or grow
+    /// that would have used the page returns the error. Nothing else differs.
     #[must_use]
     pub const fn with_failing_create(self, nth: u64) -> ReserveOptions {
         ReserveOptions {
@@ -100,7 +103,7 @@ impl Shared {
         }
     }
 
-    /// The table, locked (a poisoned lock taken as it is, as [`VirtualBuffer::lock`] says).
+    /// The table, locked (a poisoned lock taken as it is, as `VirtualBuffer::lock` says).
     pub(super) fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -156,10 +159,10 @@ pub(super) fn give_back(
     let mut given = 0usize;
     let mut calls = Calls::default();
     for (offset, size, backing) in table.take_reserve(start, end) {
-        // SAFETY: a page of the reserve, mapped whole at `offset` by the worker (`map_at`): no view,
-        // lend or export reached it (every check refuses a page of the reserve), no work was queued
-        // on it, and it left the table just above, under the lock this caller holds until its
-        // outcome is back in the table.
+        // SAFETY: a page of the reserve, mapped whole at `offset` by the worker (`map_at`): no
+        // view, lend or export reached it (every check refuses a page of the reserve), no work
+        // was queued on it, and it left the table just above, under the lock this caller holds
+        // until its outcome is back in the table.
         let outcome = unsafe { unmap_and_release(base, offset, size, backing, &mut calls) };
         if let Err(backing) = outcome {
             table.keep_unreleased(offset, size, backing);

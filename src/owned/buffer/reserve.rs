@@ -61,14 +61,15 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///   first (`cuMemUnmap`, `cuMemRelease` on the calling thread); a map of a range the worker
     ///   is filling waits until it is done (it is then taken).
     /// - **Faults.** A refused fill (`cuMemCreate` out of memory, say) stops the refills, and is
-    ///   returned by the next map or grow that would have used the reserve (one whose range holds no
-    ///   page of it), after which the refills start again. No page is lost: the slot is a hole again.
+    ///   returned by the next map or grow that would have used the reserve (one whose range holds
+    ///   no page of it), after which the refills start again. No page is lost: the slot is a hole
+    ///   again.
     /// - **Through `&mut self`** (unmap, shrink, evict, restore, an access change, trim) the
     ///   buffer first waits for the worker's fill or release under way, so every page is as
     ///   without a reserve; an access change gives the reserve back and starts it again.
     ///
-    /// Start it before [`in_scope`](VirtualBuffer::in_scope): a [`ScopedBuffer`](super::ScopedBuffer)'s
-    /// maps, grows and retires use it.
+    /// Start it before [`in_scope`](VirtualBuffer::in_scope): the maps, grows and retires of a
+    /// [`ScopedBuffer`](super::ScopedBuffer) use it.
     ///
     /// # Errors
     /// Before any driver call: [`Error::ZeroSize`] for no pages or a zero page size,

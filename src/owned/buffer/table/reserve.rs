@@ -280,8 +280,8 @@ impl<P> Table<P> {
         taken
     }
 
-    /// The worker's release of the page at `offset` is done: the range is a hole (or evicted) again,
-    /// its memory released or, `Ok(true)`, kept to be mapped again into the reserve (recycled); or,
+    /// The worker's release of the page at `offset` is done: the range is a hole (or evicted)
+    /// again, its memory released or, `Ok(true)`, kept to be mapped again into the reserve (recycled); or,
     /// where the driver refused the unmap (`Err` with the page), retired again, for the drop to
     /// try.
     pub(in crate::owned::buffer) fn released(&mut self, offset: usize, outcome: Result<bool, P>) {
