@@ -388,7 +388,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// still read them, and no view reaches them.
     ///
     /// Takes `&mut self`, so no view (which carries the devices that reach its memory) lives across the
-    /// change.
+    /// change. A reserve ([`reserve_ahead`](VirtualBuffer::reserve_ahead)) is given back first and
+    /// started again after the change, its pages then granted the new set.
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for an empty list, before any driver call. A refused grant: the access set
@@ -397,7 +398,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// to some pages (which is harmless to the buffer: its views only ever claim the recorded set)
     /// until the pages are unmapped. A refused revoke: the new set is in place on every page, and a
     /// device that left it may keep access to some pages until they are unmapped; the first error is
-    /// returned after every page was tried.
+    /// returned after every page was tried. Where a reserve cannot be started again, the error of
+    /// [`reserve_ahead`](VirtualBuffer::reserve_ahead) (the access change is made; no reserve runs).
     #[doc(alias = "cuMemSetAccess")]
     pub fn set_access(&mut self, devices: &[Device]) -> Result<(), Error> {
         let new = retain_distinct(devices)?;
@@ -415,7 +417,11 @@ impl<M: AccessMode> VirtualBuffer<M> {
             self.access = new;
         }
         if let Some(options) = reserve {
-            self.reserve_ahead(options)?;
+            let restarted = self.reserve_ahead(options);
+            // A refused change returns its own error; the reserve's, if any, is lost with it.
+            if regranted.is_ok() {
+                restarted?;
+            }
         }
         regranted?
     }

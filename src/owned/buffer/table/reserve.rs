@@ -231,10 +231,12 @@ impl<P> Table<P> {
         end: usize,
     ) -> Vec<(usize, usize, P)> {
         let mut taken = Vec::new();
-        let mut at = 0usize;
+        let mut at = self.slots.partition_point(|s| Span::end(s) <= start);
         while let Some(slot) = self.slots.get(at) {
-            let inside = slot.offset < end && Span::end(slot) > start;
-            if !(inside && matches!(slot.page, Page::Ready(_))) {
+            if slot.offset >= end {
+                break;
+            }
+            if !matches!(slot.page, Page::Ready(_)) {
                 at = at.saturating_add(1);
                 continue;
             }
