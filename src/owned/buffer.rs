@@ -446,16 +446,16 @@ impl<M: AccessMode> VirtualBuffer<M> {
         };
         if table.reserving() {
             if table.take_ready(offset, end, |b| b.device == device) {
-                self.shared.wake_worker();
+                self.shared.wake_worker(&table);
                 return Ok(offset);
             }
             if let Some(fault) = table.take_fault() {
-                self.shared.wake_worker();
+                self.shared.wake_worker(&table);
                 return Err(fault);
             }
         }
         if ahead::give_back(&mut table, self.base, offset, end)? > 0 {
-            self.shared.wake_worker();
+            self.shared.wake_worker(&table);
         }
         table.check_vacant(offset, end)?;
         let memory = PhysicalAllocation::with_options(size, options)?;

@@ -5,6 +5,7 @@
 //! worker's loop) is `reserve.rs`.
 
 use core::fmt;
+use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -87,19 +88,27 @@ impl ReserveOptions {
     }
 }
 
-/// The page table and the condition each of its changes that others wait for signals: a fill or
-/// release of the worker done (a map waiting on a range being filled, a change through `&mut`), and
-/// work for the worker (a page of the reserve taken, a retire, a stop).
+/// The page table behind its lock, and the two conditions around it: `done`, which the worker
+/// signals after each fill or release it hands back (a map waiting on a range being filled, a
+/// change through `&mut` waiting for the worker, wait on it), and `work`, on which the worker sleeps
+/// until there is work for it (a page of the reserve taken, a retire, a stop).
 pub(super) struct Shared {
     table: Mutex<Table>,
-    pub(super) changed: Condvar,
+    done: Condvar,
+    work: Condvar,
+    /// Whether the worker sleeps on `work`: set and cleared by the worker under the lock, read under
+    /// the lock by [`wake_worker`](Shared::wake_worker), so that a thread that found work for it
+    /// makes the wake-up call (a system call) only where the worker sleeps.
+    asleep: AtomicBool,
 }
 
 impl Shared {
     pub(super) fn new(table: Table) -> Shared {
         Shared {
             table: Mutex::new(table),
-            changed: Condvar::new(),
+            done: Condvar::new(),
+            work: Condvar::new(),
+            asleep: AtomicBool::new(false),
         }
     }
 
@@ -117,17 +126,48 @@ impl Shared {
         table
     }
 
-    /// Lets go of the lock until the table changes (or a while passes), and takes it again.
+    /// Lets go of the lock until the worker hands a fill or release back (or a while passes), and
+    /// takes it again.
     pub(super) fn wait<'a>(&self, table: MutexGuard<'a, Table>) -> MutexGuard<'a, Table> {
-        self.changed
-            .wait_timeout(table, IDLE)
-            .map_or_else(|poisoned| poisoned.into_inner().0, |(table, _)| table)
+        wait_on(&self.done, table, IDLE)
     }
 
-    /// Wakes whoever waits on the table: the worker (work for it), or a map waiting for a fill.
-    pub(super) fn wake_worker(&self) {
-        self.changed.notify_all();
+    /// Wakes the worker where it sleeps: there is work for it. Called with the lock held (`_table`),
+    /// so that it cannot miss a worker just going to sleep.
+    pub(super) fn wake_worker(&self, _table: &Table) {
+        if self.asleep.load(Ordering::Relaxed) {
+            self.work.notify_one();
+        }
     }
+
+    /// The worker handed a fill or release back: wakes whoever waits for it.
+    pub(super) fn handed_back(&self) {
+        self.done.notify_all();
+    }
+
+    /// The worker sleeps until woken, or `timeout` passes.
+    pub(super) fn sleep<'a>(
+        &self,
+        table: MutexGuard<'a, Table>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, Table> {
+        self.asleep.store(true, Ordering::Relaxed);
+        let table = wait_on(&self.work, table, timeout);
+        self.asleep.store(false, Ordering::Relaxed);
+        table
+    }
+}
+
+/// Waits on `condition` with the lock of `table`, for at most `timeout` (a poisoned lock taken as
+/// it is).
+fn wait_on<'a>(
+    condition: &Condvar,
+    table: MutexGuard<'a, Table>,
+    timeout: Duration,
+) -> MutexGuard<'a, Table> {
+    condition
+        .wait_timeout(table, timeout)
+        .map_or_else(|poisoned| poisoned.into_inner().0, |(table, _)| table)
 }
 
 /// The reserve's worker thread and the options it was started with.

@@ -170,8 +170,11 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// stay in the table until a trim or the teardown gives them back.
     pub(super) fn stop_reserve(&mut self) -> Option<ReserveOptions> {
         let worker = self.worker.take()?;
-        self.lock().stop_reserve();
-        self.shared.wake_worker();
+        {
+            let mut table = self.lock();
+            table.stop_reserve();
+            self.shared.wake_worker(&table);
+        }
         // The worker never panics (no code of this crate does); were it to, its ranges stay
         // marked, and the teardown leaves them.
         let _ = worker.thread.join();
@@ -217,10 +220,7 @@ impl Job {
             }
             if releasing.is_empty() && slots.is_empty() {
                 let wait = if table.has_retires() { POLL } else { IDLE };
-                table = shared
-                    .changed
-                    .wait_timeout(table, wait)
-                    .map_or_else(|poisoned| poisoned.into_inner().0, |(table, _)| table);
+                table = shared.sleep(table, wait);
                 continue;
             }
             drop(table);
@@ -256,7 +256,7 @@ impl Job {
                 for (offset, outcome) in outcomes {
                     table.released(offset, outcome);
                 }
-                shared.wake_worker();
+                shared.handed_back();
                 drop(table);
             }
             for offset in slots {
@@ -265,7 +265,7 @@ impl Job {
                 table = shared.lock();
                 table.count_calls(calls.maps, calls.grants, calls.unmaps);
                 table.filled(offset, fill);
-                shared.wake_worker();
+                shared.handed_back();
                 drop(table);
             }
             // Every spare was mapped: there are no more of them than slots.

@@ -96,9 +96,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
             }
         };
         self.wait_for_lends(retire.lends)?;
-        let recorded = self.lock().record(retire.ticket, each);
+        let mut table = self.lock();
+        let recorded = table.record(retire.ticket, each);
         // The reserve's worker, if any, releases the pages once the events have completed.
-        self.shared.wake_worker();
+        self.shared.wake_worker(&table);
         recorded.map(|()| retire.pages)
     }
 
