@@ -96,9 +96,11 @@ pub(super) struct Shared {
     table: Mutex<Table>,
     done: Condvar,
     work: Condvar,
-    /// Whether the worker sleeps on `work`: set and cleared by the worker under the lock, read under
-    /// the lock by [`wake_worker`](Shared::wake_worker), so that a thread that found work for it
-    /// makes the wake-up call (a system call) only where the worker sleeps.
+    /// Whether the worker sleeps on `work` for long ([`IDLE`]; while retires wait it sleeps
+    /// a short poll only, and looks again by itself): set and cleared by the worker
+    /// under the lock, read under the lock by [`wake_worker`](Shared::wake_worker), so that a
+    /// thread that found work for it makes the wake-up call (a system call) only where it would
+    /// otherwise wait long.
     asleep: AtomicBool,
 }
 
@@ -145,13 +147,14 @@ impl Shared {
         self.done.notify_all();
     }
 
-    /// The worker sleeps until woken, or `timeout` passes.
+    /// The worker sleeps until woken, or `timeout` passes (woken by others only for a timeout of
+    /// [`IDLE`] or longer).
     pub(super) fn sleep<'a>(
         &self,
         table: MutexGuard<'a, Table>,
         timeout: Duration,
     ) -> MutexGuard<'a, Table> {
-        self.asleep.store(true, Ordering::Relaxed);
+        self.asleep.store(timeout >= IDLE, Ordering::Relaxed);
         let table = wait_on(&self.work, table, timeout);
         self.asleep.store(false, Ordering::Relaxed);
         table
