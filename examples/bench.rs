@@ -2342,10 +2342,13 @@ impl Pacer {
     }
 }
 
-/// The pages a decode row's reserve holds ahead at most: two runs' worth (a run maps
-/// `DECODE_STEPS / DECODE_EVERY` pages), so that the worker, which makes a page in about the time
-/// of the calls it saves, refills while the preallocated loop of the pair runs.
-const DECODE_RESERVE: usize = 2 * (DECODE_STEPS / DECODE_EVERY);
+/// The pages a decode row's reserve holds ahead at most: one run's worth (a run maps
+/// `DECODE_STEPS / DECODE_EVERY` pages). The worker makes a page in about the time of the calls it
+/// saves the launch thread (less where it recycles a retired page's memory: no create, no
+/// release), which is longer than 8 host-bound steps, so it falls behind inside a run and catches
+/// up while the preallocated loop of the pair runs. The ring of slots (twice a run, and one) holds
+/// the reserve, the retired pages not yet released and the live page.
+const DECODE_RESERVE: usize = DECODE_STEPS / DECODE_EVERY;
 
 /// What a decode row runs: the kernel's spin, how far the host runs ahead, the runs of each loop,
 /// and whether the growing buffer has a reserve (`VirtualBuffer::reserve_ahead`).
