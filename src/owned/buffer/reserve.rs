@@ -46,8 +46,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// (wrapping round the budget; mapped, retired, evicted ranges skipped). A
     /// [`map_page`](VirtualBuffer::map_page) or [`grow`](VirtualBuffer::grow) of exactly such a
     /// slot, of the reserve's device, takes its page with no driver call. The worker also unmaps
-    /// and releases retired pages once their events have completed, so the thread that maps and
-    /// retires makes no VMM call. A reserve started before replaces this one (given back first).
+    /// retired pages once their events have completed, and releases them or maps their memory
+    /// again into the reserve (where it fits and the bound leaves room), so the thread that maps
+    /// and retires makes no VMM call. A reserve started before is given back first, and replaced.
     ///
     /// - **Memory held.** The reserve's pages are memory the buffer holds, shown in
     ///   [`stats`](VirtualBuffer::stats) (`reserve_pages`, `reserve_bytes`) and never more than the
