@@ -45,7 +45,13 @@
 //! scope, one kernel per step, that maps a page and retires one every 8 steps, against the same loop
 //! over a preallocated `VirtualBuffer` that maps and retires nothing (the crate's own buffer, so the
 //! ratio is the cost of the motion alone), once with 100 us kernels (goal <= 1.02) and once with
-//! kernels that do not spin, where the host's calls set the pace (goal "report"); and a second
+//! kernels that do not spin, where the host's calls set the pace (goal "report"); the same two
+//! loops again with a reserve on the growing buffer (`VirtualBuffer::reserve_ahead`: a worker
+//! thread makes the pages ahead and releases the retired ones, so the launch thread makes no VMM
+//! call where the worker keeps up; goals <= 1.01 with 100 us kernels and the host at most 2 steps
+//! ahead, <= 1.05 host-bound; a note after each says how many maps took a page of the reserve, a
+//! fact to read beside the ratio: whether the worker's calls on another thread delay the launches,
+//! measured, not assumed); and a second
 //! mapping of a shared page (`VirtualBuffer::map_shared` + `unmap`) against `cuMemMap` +
 //! `cuMemSetAccess` + `cuMemUnmap` of the same handle at the same address, with the raw calls
 //! against themselves as calibration (goal <= 1.01). With the argument `motion`
@@ -2164,13 +2170,21 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
     raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Unbounded, rows)?;
     raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Steps(2), rows)?;
     raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Steps(4), rows)?;
-    for (spin_ns, lead, reps) in [
-        (100_000, Lead::Steps(2), 40),
-        (100_000, Lead::Steps(4), 40),
-        (100_000, Lead::Unbounded, 40),
-        (0, Lead::Unbounded, 400),
+    for (spin_ns, lead, reps, reserve) in [
+        (100_000, Lead::Steps(2), 40, false),
+        (100_000, Lead::Steps(4), 40, false),
+        (100_000, Lead::Unbounded, 40, false),
+        (0, Lead::Unbounded, 400, false),
+        (100_000, Lead::Steps(2), 40, true),
+        (0, Lead::Unbounded, 400, true),
     ] {
-        decode_row(ctx, g, &kernel, &stream, spin_ns, lead, reps, rows)?;
+        let motion = Motion {
+            spin_ns,
+            lead,
+            reps,
+            reserve,
+        };
+        decode_row(ctx, g, &kernel, &stream, motion, rows)?;
     }
     shared_map_rows(ctx, g, rows)
 }
@@ -2328,6 +2342,24 @@ impl Pacer {
     }
 }
 
+/// The pages a decode row's reserve holds ahead at most: one run's worth (a run maps
+/// `DECODE_STEPS / DECODE_EVERY` pages). The worker makes a page in about the time of the calls it
+/// saves the launch thread (less where it recycles a retired page's memory: no create, no
+/// release), which is longer than 8 host-bound steps, so it falls behind inside a run and catches
+/// up while the preallocated loop of the pair runs. The ring of slots (twice a run, and one) holds
+/// the reserve, the retired pages not yet released and the live page.
+const DECODE_RESERVE: usize = DECODE_STEPS / DECODE_EVERY;
+
+/// What a decode row runs: the kernel's spin, how far the host runs ahead, the runs of each loop,
+/// and whether the growing buffer has a reserve (`VirtualBuffer::reserve_ahead`).
+#[derive(Clone, Copy)]
+struct Motion {
+    spin_ns: u64,
+    lead: Lead,
+    reps: usize,
+    reserve: bool,
+}
+
 /// A decode loop's time per step, in one scope on one stream, the scope's closing wait included:
 /// each step launches `spin_add_one` (`spin_ns` of spin, then one token of 4 KiB written from the
 /// step before's). The growing loop maps a new page of `g` bytes (`ScopedBuffer::map_page`) every
@@ -2335,23 +2367,41 @@ impl Pacer {
 /// and retires its last page at the end; the preallocated loop writes the same tokens round two
 /// pages of a `VirtualBuffer` mapped before, lent the same way, with no map or retire. Both loops
 /// are paced alike (`lead`).
-#[allow(clippy::too_many_arguments)]
+///
+/// With `reserve`, the growing buffer has a reserve of [`DECODE_RESERVE`] pages: its worker thread
+/// makes the pages ahead at the slots the loop maps next and releases the retired ones, so the
+/// launch thread's `map_page` takes a page with no driver call where the worker was ahead (the
+/// printed note says how many of the maps did, and how many the worker released). What these rows
+/// measure, beside the ratio: whether the worker's `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`,
+/// `cuMemUnmap` and `cuMemRelease`, made on another thread while the launches run, delay the
+/// launches (the host-bound row shows it first: any delay of a launch is a delay of its step).
 fn decode_row(
     ctx: &Context,
     g: usize,
     kernel: &cuda_vmm::module::Function<'_>,
     stream: &cuda_vmm::Stream,
-    spin_ns: u64,
-    lead: Lead,
-    reps: usize,
+    motion: Motion,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
+    let Motion {
+        spin_ns,
+        lead,
+        reps,
+        reserve,
+    } = motion;
     let pacer = Pacer::new(ctx, lead)?;
     // Slots of the growing buffer: one run maps `DECODE_STEPS / DECODE_EVERY` pages, at slots after
     // the last run's, whose retires the scope's wait finished (so the next map releases them).
     let ring = 2 * (DECODE_STEPS / DECODE_EVERY + 1);
     let device = ctx.device();
     let mut growing = cuda_vmm::VirtualBuffer::new(ring * g, &[device], ReadWrite)?;
+    if reserve {
+        growing.reserve_ahead(cuda_vmm::owned::ReserveOptions::new(
+            device,
+            g,
+            DECODE_RESERVE,
+        ))?;
+    }
     let mut preallocated = cuda_vmm::VirtualBuffer::new(2 * g, &[device], ReadWrite)?;
     preallocated.grow(device, g)?;
     preallocated.grow(device, g)?;
@@ -2403,19 +2453,7 @@ fn decode_row(
     warm_up(0.3, &mut grow_loop, &mut fixed_loop)?;
     let (grow_t, fixed_t, paired) = race_paired(reps, &mut grow_loop, &mut fixed_loop)?;
     let per_step = 1e6 / float(DECODE_STEPS);
-    let (name, goal) = match (spin_ns, lead) {
-        (0, _) => (
-            "a kernel with no spin (host-bound)",
-            "report: the map and retire calls show",
-        ),
-        (_, Lead::Unbounded) => (
-            "a 100 us kernel, the whole loop queued at once (releases land at the next run's start, \
-             device idle)",
-            "report",
-        ),
-        (_, Lead::Steps(2)) => ("a 100 us kernel", "growing/preallocated <= 1.02"),
-        (_, Lead::Steps(_)) => ("a 100 us kernel", "report: more slack for the VMM calls"),
-    };
+    let (name, goal) = decode_name(motion);
     let pacing = match lead {
         Lead::Unbounded => String::new(),
         Lead::Steps(n) => format!(", the host at most {n} steps ahead"),
@@ -2433,9 +2471,54 @@ fn decode_row(
         paired: Some(paired),
         goal,
     });
+    if reserve {
+        reserve_note(&format!("{name}{pacing}"), growing.stats());
+    }
     growing.free()?;
     preallocated.free()?;
     Ok(())
+}
+
+/// A decode row's name and goal.
+fn decode_name(motion: Motion) -> (&'static str, &'static str) {
+    match (motion.spin_ns, motion.lead, motion.reserve) {
+        (0, _, true) => (
+            "a kernel with no spin (host-bound), the growing buffer with a reserve",
+            "growing/preallocated <= 1.05",
+        ),
+        (_, Lead::Steps(2), true) => (
+            "a 100 us kernel, the growing buffer with a reserve",
+            "growing/preallocated <= 1.01",
+        ),
+        (_, _, true) => ("a 100 us kernel, with a reserve", "report"),
+        (0, _, false) => (
+            "a kernel with no spin (host-bound)",
+            "report: the map and retire calls show",
+        ),
+        (_, Lead::Unbounded, false) => (
+            "a 100 us kernel, the whole loop queued at once (releases land at the next run's start, \
+             device idle)",
+            "report",
+        ),
+        (_, Lead::Steps(2), false) => ("a 100 us kernel", "growing/preallocated <= 1.02"),
+        (_, Lead::Steps(_), false) => ("a 100 us kernel", "report: more slack for the VMM calls"),
+    }
+}
+
+/// Prints what a decode row's reserve did: the maps that took a page of it, the pages its worker
+/// made and the retired ones it released.
+fn reserve_note(row: &str, stats: cuda_vmm::owned::BufferStats) {
+    println!(
+        "  note ({row}): {} of {} maps took a page of the reserve (no driver call), the worker \
+         made {} pages ({} of them with the memory of a retired page) and released {} retired \
+         ones, {} refused fills",
+        stats.reserve_taken,
+        stats.pages_mapped,
+        stats.reserve_created,
+        stats.reserve_recycled,
+        stats.released_in_background,
+        stats.reserve_faults,
+    );
 }
 
 /// `count` token slots of [`DECODE_TOKEN`] bytes from byte `from` of `kv`, each lent for writing.

@@ -77,7 +77,7 @@ mod shared;
 
 pub use buffer::{
     BufferStats, ClaimedRange, Evicted, EvictedInFlight, ExportableBuffer, NotRestored, PageInfo,
-    PageOptions, ScopedBuffer, VirtualBuffer,
+    PageOptions, ReserveOptions, ScopedBuffer, VirtualBuffer,
 };
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

@@ -2,9 +2,11 @@
 //! what an elastic cache that maps and releases pages off the launch thread would save. Thread A
 //! queues small kernels in a scope and times each launch on the host; thread B meanwhile maps and
 //! releases 2 MiB pages of another buffer (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`,
-//! `cuMemUnmap`, `cuMemRelease`) in a loop. Printed: the launch times with B idle and busy (median,
-//! 99th percentile, maximum) and B's cycle time. The launches must all succeed and the kernels'
-//! results be right; the times are facts to read, not claims (the bench holds those).
+//! `cuMemUnmap`, `cuMemRelease`) in a loop, then maps, grants and unmaps one kept allocation (the
+//! calls of a reserve's worker that recycles a retired page's memory). Printed: the launch times
+//! with B idle and busy each way (median, 99th percentile, maximum) and B's cycle times. The
+//! launches must all succeed and the kernels' results be right; the times are facts to read, not
+//! claims (the bench holds those).
 
 mod common;
 
@@ -13,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{add_one_ptx, gpu_or_skip, pattern};
 use cuda_vmm::{
-    DeviceBuffer, Granularity, Module, ReadWrite, Stream, VirtualBuffer, allocation_granularity,
+    DeviceBuffer, Granularity, Module, PhysicalAllocation, ReadWrite, Stream, VirtualBuffer,
+    VirtualReservation, allocation_granularity,
 };
 
 const LAUNCHES: usize = 20_000;
@@ -72,15 +75,55 @@ fn vmm_calls_on_another_thread_beside_launches() {
     launch_times(&ctx, &module, &stream, &src, &mut dst);
     let idle = launch_times(&ctx, &module, &stream, &src, &mut dst);
 
+    // B makes every call of a fresh page: create, map, grant, unmap, release.
+    let mut churn = VirtualBuffer::new(64 * page, &[device], ReadWrite).unwrap();
+    let (busy, cycle) = beside(
+        || {
+            let at = churn.grow(device, page).unwrap();
+            churn.unmap(at..).unwrap();
+        },
+        || launch_times(&ctx, &module, &stream, &src, &mut dst),
+    );
+    // B maps, grants and unmaps one kept allocation: what a reserve's worker does with the memory
+    // of a retired page it recycles (no create, no release).
+    let memory = PhysicalAllocation::new(device, page).unwrap();
+    let mut reservation = VirtualReservation::new(page, 0).unwrap();
+    let (mapping, map_cycle) = beside(
+        || {
+            let mut region = reservation.region();
+            let mut mapped = region.map(&memory).unwrap();
+            let _granted = mapped.grant(&ctx, ReadWrite).unwrap(); // cuMemSetAccess
+            // `mapped` unmaps here (cuMemUnmap).
+        },
+        || launch_times(&ctx, &module, &stream, &src, &mut dst),
+    );
+    let plus: Vec<u32> = data.iter().map(|v| v + 1).collect();
+    assert_eq!(dst.as_slice().to_vec().unwrap(), plus, "the kernels ran");
+    println!(
+        "launch host time, another thread idle: {}; mapping and releasing a 2 MiB page per {cycle:?} \
+         (grow + unmap): {}; mapping, granting and unmapping one kept 2 MiB allocation per \
+         {map_cycle:?} (cuMemMap + cuMemSetAccess + cuMemUnmap): {}",
+        summary(&idle),
+        summary(&busy),
+        summary(&mapping)
+    );
+    assert_eq!(
+        (idle.len(), busy.len(), mapping.len()),
+        (LAUNCHES, LAUNCHES, LAUNCHES)
+    );
+}
+
+/// Runs `launches` on this thread while another thread runs `churn` in a loop (started before the
+/// launches, stopped after them): the launches' result, and the time of one churn cycle.
+fn beside<T>(churn: impl FnMut() + Send, launches: impl FnOnce() -> T) -> (T, Duration) {
+    let mut churn = churn;
     let busy_flag = AtomicBool::new(true);
     let cycles = AtomicU64::new(0);
-    let mut churn = VirtualBuffer::new(64 * page, &[device], ReadWrite).unwrap();
-    let (busy, cycle) = std::thread::scope(|t| {
+    std::thread::scope(|t| {
         let b = t.spawn(|| {
             let start = Instant::now();
             while busy_flag.load(Ordering::Relaxed) {
-                let at = churn.grow(device, page).unwrap();
-                churn.unmap(at..).unwrap();
+                churn();
                 cycles.fetch_add(1, Ordering::Relaxed);
             }
             start.elapsed()
@@ -89,23 +132,14 @@ fn vmm_calls_on_another_thread_beside_launches() {
         while cycles.load(Ordering::Relaxed) < 10 {
             std::thread::yield_now();
         }
-        let busy = launch_times(&ctx, &module, &stream, &src, &mut dst);
+        let result = launches();
         busy_flag.store(false, Ordering::Relaxed);
         let took = b.join().unwrap();
         (
-            busy,
+            result,
             took / u32::try_from(cycles.load(Ordering::Relaxed))
                 .unwrap()
                 .max(1),
         )
-    });
-    let plus: Vec<u32> = data.iter().map(|v| v + 1).collect();
-    assert_eq!(dst.as_slice().to_vec().unwrap(), plus, "the kernels ran");
-    println!(
-        "launch host time, another thread idle: {}; mapping and releasing a 2 MiB page per {cycle:?} \
-         (grow + unmap): {}",
-        summary(&idle),
-        summary(&busy)
-    );
-    assert_eq!((idle.len(), busy.len()), (LAUNCHES, LAUNCHES));
+    })
 }

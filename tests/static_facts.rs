@@ -156,6 +156,7 @@ assert_impl_all!(cuda_vmm::owned::NotRestored: Send, Sync, std::error::Error);
 assert_impl_all!(cuda_vmm::owned::EvictedInFlight: Send, Sync);
 assert_not_impl_any!(cuda_vmm::owned::EvictedInFlight: Clone, Copy);
 assert_impl_all!(cuda_vmm::owned::PageOptions: Send, Sync, Copy);
+assert_impl_all!(cuda_vmm::owned::ReserveOptions: Send, Sync, Copy);
 // An exportable buffer is the buffer itself (a newtype): the same auto traits, no lifetime, no
 // copy, and no byte more than a `VirtualBuffer`; `ReadWrite` by default, as `VirtualBuffer`.
 assert_impl_all!(cuda_vmm::owned::ExportableBuffer<ReadWrite>: Send, Sync);

@@ -16,7 +16,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::ops::RangeBounds;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{Context, Device};
 use crate::error::Error;
@@ -28,20 +28,24 @@ use crate::vmm::reservation::VirtualReservation;
 
 use super::pages::check_new_range;
 use super::shared::SharedPage;
+use ahead::{Shared, Worker};
 use page::Memory;
 use table::Table;
 
+mod ahead;
 mod claimed;
 mod dmabuf;
 mod evict;
 mod exportable;
 mod page;
+mod reserve;
 mod retire;
 mod retiring;
 mod scoped;
 mod table;
 mod views;
 
+pub use ahead::ReserveOptions;
 pub use claimed::ClaimedRange;
 pub use evict::{Evicted, NotRestored};
 pub use exportable::ExportableBuffer;
@@ -119,10 +123,13 @@ pub struct VirtualBuffer<M: AccessMode = ReadWrite> {
     /// The reserved range; `None` only within [`free`](VirtualBuffer::free), once it has been freed.
     /// Declared before `access`, so that it is freed before the contexts are released.
     reservation: Option<VirtualReservation>,
-    /// The page table: the pages, their states, counts and retires. Locked for each change through
-    /// `&self` (a grow, a retire, a scoped buffer's view) and for each view, for the length of the
-    /// check.
-    table: Mutex<Table>,
+    /// The page table (the pages, their states, counts and retires) and the condition its changes
+    /// signal. Locked for each change through `&self` (a grow, a retire, a scoped buffer's view)
+    /// and for each view, for the length of the check. Shared with the reserve's worker, if any.
+    shared: Arc<Shared>,
+    /// The reserve's worker thread and what it was started with, while a reserve runs: joined by
+    /// [`trim`](VirtualBuffer::trim), an access change (which starts it again) and the teardown.
+    worker: Option<Worker>,
     /// Lends of a [`ScopedBuffer`](super::ScopedBuffer)'s views in progress: admitted (under the
     /// lock), their work not queued yet, counted in the slot of the table's lend generation at
     /// their admission ([`Table::admit`]). A retire turns the generation, lets go of the lock, and
@@ -200,7 +207,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             options,
             reservation: Some(reservation),
-            table: Mutex::new(Table::new(base)),
+            shared: Arc::new(Shared::new(Table::new(base))),
+            worker: None,
             lending: [AtomicUsize::new(0), AtomicUsize::new(0)],
             one_retire: Mutex::new(()),
             access,
@@ -268,13 +276,18 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// panic of the allocator, say) is taken as it is: every change leaves the table consistent
     /// before any call that could fail.
     fn lock(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared.lock()
     }
 
-    /// The table, through `&mut self`: no lock needed. The exclusive borrow proves that no
-    /// [`ClaimedRange`] lives, so the holds a forgotten one left are let go here.
-    fn table_mut(&mut self) -> &mut Table {
-        let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
+    /// The table, through `&mut self`, once the reserve's worker holds no range without the lock
+    /// (a fill or a release under way, which it finishes): every page is then as a buffer with no
+    /// reserve would have it (a retired page whose events completed is still `Retired`, so the
+    /// `reclaim` that follows releases it here).
+    ///
+    /// The exclusive borrow also proves that no [`ClaimedRange`] lives, so the holds a forgotten
+    /// one left are let go here.
+    fn table_mut(&mut self) -> MutexGuard<'_, Table> {
+        let mut table = self.shared.settled();
         table.forget_holds();
         table
     }
@@ -306,10 +319,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemMap")]
     #[doc(alias = "cuMemSetAccess")]
     pub fn map_page(&self, offset: usize, device: Device, size: usize) -> Result<(), Error> {
-        let mut table = self.lock();
-        table.reclaim_finished();
-        self.map_new(&mut table, Some(offset), device, size)
-            .map(drop)
+        self.map_new(Some(offset), device, size).map(drop)
     }
 
     /// Maps a page of `size` bytes of `device`'s memory right after the last page (at
@@ -338,9 +348,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemMap")]
     #[doc(alias = "cuMemSetAccess")]
     pub fn grow(&self, device: Device, size: usize) -> Result<usize, Error> {
-        let mut table = self.lock();
-        table.reclaim_finished();
-        self.map_new(&mut table, None, device, size)
+        self.map_new(None, device, size)
     }
 
     /// `cuMemUnmap`, `cuMemRelease` — unmap the last page and release its memory; returns what it
@@ -351,7 +359,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemUnmap")]
     #[doc(alias = "cuMemRelease")]
     pub fn shrink(&mut self) -> Result<Option<PageInfo>, Error> {
-        let table = self.table_mut();
+        let mut table = self.table_mut();
         table.reclaim_finished();
         table.shrink()
     }
@@ -375,7 +383,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
     #[doc(alias = "cuMemRelease")]
     pub fn unmap(&mut self, range: impl RangeBounds<usize>) -> Result<usize, Error> {
         let (start, end) = range_bounds(range, self.budget, BUDGET)?;
-        let table = self.table_mut();
+        let mut table = self.table_mut();
         table.reclaim_finished();
         table.unmap(start, end)
     }
@@ -387,7 +395,8 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// still read them, and no view reaches them.
     ///
     /// Takes `&mut self`, so no view (which carries the devices that reach its memory) lives across the
-    /// change.
+    /// change. A reserve ([`reserve_ahead`](VirtualBuffer::reserve_ahead)) is given back first and
+    /// started again after the change, its pages then granted the new set.
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for an empty list, before any driver call. A refused grant: the access set
@@ -396,31 +405,65 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// to some pages (which is harmless to the buffer: its views only ever claim the recorded set)
     /// until the pages are unmapped. A refused revoke: the new set is in place on every page, and a
     /// device that left it may keep access to some pages until they are unmapped; the first error is
-    /// returned after every page was tried.
+    /// returned after every page was tried. Where a reserve cannot be started again, the error of
+    /// [`reserve_ahead`](VirtualBuffer::reserve_ahead) (the access change is made; no reserve runs).
     #[doc(alias = "cuMemSetAccess")]
     pub fn set_access(&mut self, devices: &[Device]) -> Result<(), Error> {
         let new = retain_distinct(devices)?;
-        let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let revoked = table.regrant(&self.access, &new, M::FLAGS)?;
+        // The reserve's pages are granted the old set: given back first, and made again for the
+        // new set once it is in place (or for the old one, where the change is refused).
+        let reserve = self.stop_reserve();
+        let regranted = {
+            let mut table = self.shared.settled();
+            table.regrant(&self.access, &new, M::FLAGS)
+        };
         // Every live page grants the new set now (also where a revoke failed): record it. The old
         // contexts are released here, after the last driver call that named them; retired pages,
         // which keep the old grants, need no context to be unmapped.
-        self.access = new;
-        revoked
+        if regranted.is_ok() {
+            self.access = new;
+        }
+        if let Some(options) = reserve {
+            let restarted = self.reserve_ahead(options);
+            // A refused change returns its own error; the reserve's, if any, is lost with it.
+            if regranted.is_ok() {
+                restarted?;
+            }
+        }
+        regranted?
     }
 
-    /// Checks a new page and maps it: at `offset`, or after the last page. Its offset.
-    fn map_new(
-        &self,
-        table: &mut Table,
-        offset: Option<usize>,
-        device: Device,
-        size: usize,
-    ) -> Result<usize, Error> {
-        let offset = offset.unwrap_or_else(|| table.end());
+    /// Checks a new page and maps it: at `offset`, or after the last page. Its offset. Where a
+    /// reserve runs, a page of it at exactly that range, of `device`, is taken (no driver call);
+    /// else the reserve's last fault is returned, if it keeps one; else pages of the reserve in
+    /// the range are given back and the page is made here. A range the worker is filling is waited
+    /// for (it is then taken, or the range is a hole again).
+    fn map_new(&self, offset: Option<usize>, device: Device, size: usize) -> Result<usize, Error> {
         let options = self.options.for_device(device);
         let granularity = options.minimum_granularity_cached()?;
-        let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
+        let mut table = self.lock();
+        table.reclaim_here();
+        let (offset, end) = loop {
+            let offset = offset.unwrap_or_else(|| table.end());
+            let end = check_new_range((self.base, self.budget, BUDGET), offset, size, granularity)?;
+            if !table.filling_in(offset, end) {
+                break (offset, end);
+            }
+            table = self.shared.wait(table);
+        };
+        if table.reserving() {
+            if table.take_ready(offset, end, |b| b.device == device) {
+                self.shared.wake_worker(&table);
+                return Ok(offset);
+            }
+            if let Some(fault) = table.take_fault() {
+                self.shared.wake_worker(&table);
+                return Err(fault);
+            }
+        }
+        if ahead::give_back(&mut table, self.base, offset, end)? > 0 {
+            self.shared.wake_worker(&table);
+        }
         table.check_vacant(offset, end)?;
         let memory = PhysicalAllocation::with_options(size, options)?;
         table.map(offset, Memory::Own(memory), device, &self.access, M::FLAGS)?;
@@ -470,7 +513,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             });
         };
         let mut table = self.lock();
-        table.reclaim_finished();
+        table.reclaim_here();
         let granularity = granularity(device)?.max(page.granularity());
         let end = check_new_range(
             (self.base, self.budget, BUDGET),
@@ -478,6 +521,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
             page.size(),
             granularity,
         )?;
+        while table.filling_in(offset, end) {
+            table = self.shared.wait(table);
+        }
+        ahead::give_back(&mut table, self.base, offset, end)?;
         table.check_vacant(offset, end)?;
         table.map(
             offset,
@@ -488,9 +535,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
         )
     }
 
-    /// Waits for every retire, unmaps every page, then releases every page's memory: every page
-    /// is tried. The first error.
+    /// Stops the reserve's worker, waits for every retire, unmaps every page (the reserve's too),
+    /// then releases every page's memory: every page is tried. The first error.
     fn teardown(&mut self) -> Result<(), Error> {
+        self.stop_reserve();
         self.table_mut().teardown()
     }
 

@@ -27,9 +27,15 @@ pub(super) trait Span {
     fn evicted(&self) -> bool {
         false
     }
-    /// Whether a page is mapped here: false only for an evicted range whose page was released.
+    /// Whether a page is mapped here: false only for an evicted range whose page was released, and
+    /// for a range of a buffer's reserve (whose page is not the buffer's yet).
     fn mapped(&self) -> bool {
         true
+    }
+    /// Reserved ahead of need: a page a buffer's reserve holds (or is making) there, which no view,
+    /// lend or export reaches until a map of the buffer takes it.
+    fn reserved(&self) -> bool {
+        false
     }
     /// The count of pages mapped before this one, when it was mapped: a view made at an earlier
     /// count never covers it.
@@ -41,6 +47,10 @@ pub(super) trait Span {
 /// What a retired page's bytes are, in errors.
 pub(super) const RETIRED: &str =
     "are retired: released once the work queued before the retire has finished";
+
+/// What the bytes of a page in a buffer's reserve are, in errors.
+pub(super) const RESERVED: &str = "are a page of the buffer's reserve, made ahead of need: not \
+     mapped by the buffer until map_page or grow takes it";
 
 /// What an evicted range's bytes are, in errors.
 pub(super) const EVICTED: &str =
@@ -88,6 +98,8 @@ pub(super) fn insertion_point<S: Span>(
                 end: page.end(),
                 problem: if page.evicted() {
                     EVICTED
+                } else if page.reserved() {
+                    RESERVED
                 } else if page.retired() {
                     RETIRED
                 } else {
@@ -120,6 +132,8 @@ pub(super) fn check_covered_at<S: Span>(
             Some(page) if page.start() <= at => {
                 let problem = if page.evicted() {
                     Some(EVICTED)
+                } else if page.reserved() {
+                    Some(RESERVED)
                 } else if page.retired() {
                     Some(RETIRED)
                 } else if page.epoch() > epoch {

@@ -4,7 +4,6 @@
 
 use core::fmt;
 use core::ops::{Range, RangeBounds};
-use std::sync::PoisonError;
 
 use super::page::{Memory, Piece};
 use super::{BUDGET, VirtualBuffer};
@@ -326,9 +325,11 @@ impl VirtualBuffer<ReadWrite> {
         host: Option<PinnedBuffer<u8>>,
     ) -> Result<Evicted, Error> {
         let (start, end) = range_bounds(range, self.budget, BUDGET)?;
-        let table = self.table_mut();
-        table.reclaim_finished();
-        let pieces = table.evictable(start, end)?;
+        let pieces = {
+            let mut table = self.table_mut();
+            table.reclaim_finished();
+            table.evictable(start, end)?
+        };
         let total = pieces.iter().try_fold(0usize, |sum, p| {
             sum.checked_add(p.size).ok_or(Error::Overflow {
                 what: "evicted bytes",
@@ -474,12 +475,14 @@ impl VirtualBuffer<ReadWrite> {
 
     fn restore_pieces(&mut self, evicted: &Evicted) -> Result<(), Error> {
         let pieces = &evicted.pieces;
-        let table = self.table_mut();
-        table.reclaim_finished();
-        table.check_still_evicted(pieces.iter().map(|p| p.offset..p.end()))?;
+        {
+            let mut table = self.table_mut();
+            table.reclaim_finished();
+            table.check_still_evicted(pieces.iter().map(|p| p.offset..p.end()))?;
+        }
         let memories = self.memories_for(pieces)?;
         {
-            let table = self.table.get_mut().unwrap_or_else(PoisonError::into_inner);
+            let mut table = self.shared.settled();
             for (index, (piece, memory)) in pieces.iter().zip(memories).enumerate() {
                 let mapped =
                     table.restore(piece, Memory::Own(memory), &self.access, ReadWrite::FLAGS);

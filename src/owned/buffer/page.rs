@@ -121,9 +121,11 @@ impl PageOptions {
 /// Counts of the driver calls a [`VirtualBuffer`](super::VirtualBuffer) made on its pages, since it
 /// was created.
 ///
-/// They make the buffer's cost visible: with an access set that never changes, every page mapped costs
-/// exactly one `cuMemMap` and one `cuMemSetAccess`, however often its bytes are viewed
-/// (`set_access_calls == pages_mapped`).
+/// They make the buffer's cost visible: with an access set that never changes and no reserve, every
+/// page mapped costs exactly one `cuMemMap` and one `cuMemSetAccess`, however often its bytes are
+/// viewed (`set_access_calls == pages_mapped`). With a reserve, the worker's calls count here too:
+/// one `cuMemMap` and one `cuMemSetAccess` per page it made (`reserve_created`), and none for a page
+/// a map took from it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct BufferStats {
@@ -152,6 +154,36 @@ pub struct BufferStats {
     /// Pages restored ([`VirtualBuffer::restore`](super::VirtualBuffer::restore)): created, mapped
     /// and granted again (each also counts in `pages_mapped`), their bytes copied back.
     pub pages_restored: u64,
+    /// Pages the reserve holds now ([`VirtualBuffer::reserve_ahead`](super::VirtualBuffer::reserve_ahead)):
+    /// created, mapped and granted ahead of need, not yet the buffer's. Memory the buffer holds,
+    /// on top of [`mapped_bytes`](super::VirtualBuffer::mapped_bytes).
+    pub reserve_pages: u64,
+    /// The bytes of the pages the reserve holds now.
+    pub reserve_bytes: u64,
+    /// The most pages the reserve held at once, those being made included: never more than its
+    /// bound.
+    pub reserve_peak_pages: u64,
+    /// Pages the reserve's worker put in the reserve, mapped and granted: created, or the memory
+    /// of a retired page recycled (`reserve_recycled`). Its `cuMemMap` and `cuMemSetAccess` count
+    /// in `map_calls` and `set_access_calls`.
+    pub reserve_created: u64,
+    /// Pages of the reserve a map or grow took, with no driver call (each also counts in
+    /// `pages_mapped`). `reserve_created == reserve_taken + reserve_released + reserve_pages`.
+    pub reserve_taken: u64,
+    /// Pages of the reserve unmapped and released unused: by
+    /// [`trim`](super::VirtualBuffer::trim), the drop, or a map of another size or device over them.
+    pub reserve_released: u64,
+    /// Fills of the reserve the driver refused (or a fault injected for tests refused): each is
+    /// returned by the next map or grow that would have used the reserve.
+    pub reserve_faults: u64,
+    /// Retired pages the reserve's worker unmapped and released, off the caller's thread (each
+    /// also counts in `pages_released`).
+    pub released_in_background: u64,
+    /// Retired pages the reserve's worker unmapped and mapped again into the reserve, their memory
+    /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created`. Every page
+    /// mapped is released or recycled in the end:
+    /// `pages_mapped == pages_released + reserve_recycled` once none is mapped.
+    pub reserve_recycled: u64,
 }
 
 /// One page of a [`VirtualBuffer`](super::VirtualBuffer), as

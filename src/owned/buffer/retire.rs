@@ -89,16 +89,18 @@ impl<M: AccessMode> VirtualBuffer<M> {
             .unwrap_or_else(PoisonError::into_inner);
         let retire = {
             let mut table = self.lock();
-            table.reclaim_finished();
+            table.reclaim_here();
             match table.retire(start, end, false, || not_capturing(each))? {
                 Some(retire) => retire,
                 None => return Ok(0),
             }
         };
         self.wait_for_lends(retire.lends)?;
-        self.lock()
-            .record(retire.ticket, each)
-            .map(|()| retire.pages)
+        let mut table = self.lock();
+        let recorded = table.record(retire.ticket, each);
+        // The reserve's worker, if any, releases the pages once the events have completed.
+        self.shared.wake_worker(&table);
+        recorded.map(|()| retire.pages)
     }
 
     /// Waits until every lend admitted in the generation whose slot is `old` (turned by the caller

@@ -107,7 +107,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         &'scope mut self,
         scope: &'scope Scope<'scope, '_>,
     ) -> ScopedBuffer<'scope, M> {
-        self.table_mut().clear_claims();
+        self.lock().clear_claims();
         ScopedBuffer {
             buffer: self,
             streams: scope.registry(),

@@ -14,9 +14,17 @@
 //! | `Evicted` | `Live` | [`restore`](Table::restore); [`unrestore`](Table::unrestore) takes it back |
 //! | `Live`, `Ungranted` | a hole | [`unmap`](Table::unmap), [`shrink`](Table::shrink) |
 //! | any | nothing | [`teardown`](Table::teardown), after every retire's events |
+//! | a hole | `Filling` | [`next_fill`](Table::next_fill): the reserve's worker marks the next vacant slot |
+//! | `Filling` | `Ready`, a hole | [`filled`](Table::filled), the worker's page made (or its fault kept) |
+//! | `Ready` | `Live` | [`take_ready`](Table::take_ready), a map of its offset, size and device: no driver call |
+//! | `Ready` | a hole | [`take_reserve`](Table::take_reserve) (a trim, a map of another size or device) |
+//! | `Retired` | `Releasing` | [`start_release`](Table::start_release), its ticket's events complete |
+//! | `Releasing` | a hole, `Evicted`, `Retired` | [`released`](Table::released), by the worker's unmap |
 //!
 //! A grant that fails and cannot be undone leaves an `Ungranted` page, which nothing views and the
-//! next unmap (or the drop) unmaps. A state added later (a page reserved ahead of need, a page a
+//! next unmap (or the drop) unmaps. The reserve's states (`Ready`, `Filling`) are no page of the
+//! buffer: every check refuses them as it refuses a hole, naming them; `Releasing` is a retired
+//! page to every check. A state added later (a page a
 //! graph holds, a range read back after a write) is one more variant of [`Page`] and its
 //! transitions, here: the checks every face makes ([`usable`](Table::usable), [`claim`](Table::claim),
 //! [`check_vacant`](Table::check_vacant)) then see it at once.
@@ -36,8 +44,12 @@ use super::page::{Backing, BufferStats, Memory, PageInfo, Piece};
 use super::retiring::{EachStream, Retires, Ticket};
 
 mod driver;
+mod reserve;
 #[cfg(test)]
 mod tests;
+
+pub(super) use driver::{Calls, map_at, unmap_and_release, unmap_page};
+pub(super) use reserve::Fill;
 
 /// What one range of the budget holds: a page, in one of its states. `P` is what a mapped page
 /// holds ([`Backing`]; the unit tests use a stand-in, so the states are tested without a driver).
@@ -60,6 +72,23 @@ pub(super) enum Page<P> {
     /// No page: the bytes were evicted to host memory (an [`Evicted`](super::Evicted) handle), and
     /// no view, lend or new page reaches the range until a restore maps it again.
     Evicted,
+    /// A page of the buffer's reserve, made ahead of need: mapped and granted to the access set,
+    /// but not the buffer's page yet, so no view, lend, export or registration reaches it. A map of
+    /// its offset, size and device takes it (`Live`) with no driver call.
+    Ready(P),
+    /// A range the reserve's worker has marked and fills without the lock (`cuMemCreate`,
+    /// `cuMemMap`, `cuMemSetAccess`): no page in the table yet, and nothing else maps there until
+    /// the worker turns it `Ready`, or back into a hole.
+    Filling,
+    /// A retired page whose events have completed, which the reserve's worker unmaps and releases
+    /// without the lock: still mapped until it is done, and a retired page to every check. The
+    /// worker hands the page back `Retired` (with `ticket` and `granted`) where the driver refuses
+    /// the unmap; `evicted` leaves the range evicted once it is released.
+    Releasing {
+        ticket: Ticket,
+        evicted: bool,
+        granted: bool,
+    },
 }
 
 impl<P> Page<P> {
@@ -76,6 +105,25 @@ impl<P> Page<P> {
 /// What the bytes of a [`ClaimedRange`](super::ClaimedRange) are, in errors.
 pub(super) const HELD: &str = "are claimed for writing by a ClaimedRange (VirtualBuffer::claim_bytes_mut) \
                                that is still alive";
+
+/// What the reserve of a table is asked to hold, and where it stands (its transitions are in
+/// `table/reserve.rs`).
+#[derive(Default)]
+struct Reserve {
+    /// The most pages held at once (`Ready` and `Filling`); 0 where there is no reserve.
+    bound: usize,
+    /// The size of each page of the reserve (a multiple of its device's granularity).
+    size: usize,
+    /// The buffer's budget: slots lie inside `[0, budget)`.
+    budget: usize,
+    /// The end of the last page mapped: the worker fills the vacant slots after it.
+    cursor: usize,
+    /// The refusal of the last fill, kept until a map that would have used the reserve returns it.
+    /// The worker makes no page meanwhile.
+    fault: Option<Error>,
+    /// Set to stop the worker: it makes no more driver calls, and returns.
+    stopping: bool,
+}
 
 /// One range of the table: `[offset, offset + size)` and what it holds.
 pub(super) struct Slot<P> {
@@ -106,18 +154,24 @@ impl<P> Span for Slot<P> {
     }
 
     fn retired(&self) -> bool {
-        matches!(self.page, Page::Retired { .. })
+        matches!(self.page, Page::Retired { .. } | Page::Releasing { .. })
     }
 
     fn evicted(&self) -> bool {
         matches!(
             self.page,
-            Page::Evicted | Page::Retired { evicted: true, .. }
+            Page::Evicted
+                | Page::Retired { evicted: true, .. }
+                | Page::Releasing { evicted: true, .. }
         )
     }
 
     fn mapped(&self) -> bool {
-        !matches!(self.page, Page::Evicted)
+        !matches!(self.page, Page::Evicted | Page::Ready(_) | Page::Filling)
+    }
+
+    fn reserved(&self) -> bool {
+        matches!(self.page, Page::Ready(_) | Page::Filling)
     }
 
     fn epoch(&self) -> u64 {
@@ -126,11 +180,12 @@ impl<P> Span for Slot<P> {
 }
 
 impl<P> Slot<P> {
-    /// The mapped page's memory, `None` for an evicted range.
+    /// The buffer's mapped page's memory: `None` for an evicted range, a page of the reserve and a
+    /// page the reserve's worker is releasing.
     fn held(&self) -> Option<&P> {
         match &self.page {
             Page::Live(page) | Page::Ungranted(page) | Page::Retired { page, .. } => Some(page),
-            Page::Evicted => None,
+            Page::Evicted | Page::Ready(_) | Page::Filling | Page::Releasing { .. } => None,
         }
     }
 
@@ -209,6 +264,8 @@ pub(super) struct Table<P = Backing> {
     /// no view of the buffer covers their bytes but the claim's own. Emptied through `&mut` of
     /// the buffer, which proves that no claim lives (a forgotten one left its range here).
     held: Vec<(usize, usize)>,
+    /// The reserve: its bound, page size, cursor and fault (`table/reserve.rs`).
+    reserve: Reserve,
 }
 
 impl<P> Table<P> {
@@ -223,17 +280,32 @@ impl<P> Table<P> {
             claims: Claims::default(),
             generation: 0,
             held: Vec::new(),
+            reserve: Reserve::default(),
         }
     }
 
-    /// The end of the last page or evicted range (0 where there is none).
+    /// The end of the last page or evicted range (0 where there is none): pages of the reserve
+    /// are not the buffer's, and do not count.
     pub(super) fn end(&self) -> usize {
-        self.slots.last().map_or(0, Span::end)
+        self.slots
+            .iter()
+            .rev()
+            .find(|s| !s.reserved())
+            .map_or(0, Span::end)
     }
 
-    /// The counts of the driver calls made on the pages.
+    /// The counts of the driver calls made on the pages, and what the reserve holds now.
     pub(super) fn stats(&self) -> BufferStats {
-        self.stats
+        let mut stats = self.stats;
+        for slot in self
+            .slots
+            .iter()
+            .filter(|s| matches!(s.page, Page::Ready(_)))
+        {
+            bump(&mut stats.reserve_pages);
+            stats.reserve_bytes = stats.reserve_bytes.saturating_add(slot.size as u64);
+        }
+        stats
     }
 
     /// The number of pages mapped (retired ones included).
@@ -579,7 +651,14 @@ impl Table<Backing> {
                     ),
                 ),
                 Page::Live(page) => (page, None),
-                Page::Evicted => continue,
+                Page::Releasing { .. } => {
+                    return Err(Error::PageRange {
+                        start: slot.offset,
+                        end: Span::end(slot),
+                        problem: RETIRED,
+                    });
+                }
+                Page::Evicted | Page::Ready(_) | Page::Filling => continue,
             };
             if let Some(problem) = problem {
                 return Err(Error::PageRange {
@@ -619,6 +698,22 @@ impl Table<Backing> {
     /// `done` recorded after them.
     pub(super) fn keep_until(&mut self, done: Event, host: PinnedBuffer<u8>) {
         self.retires.keep_until(done, host);
+    }
+
+    /// Whether a retire waits for its events.
+    pub(super) fn has_retires(&self) -> bool {
+        !self.retires.is_empty()
+    }
+
+    /// `cuEventQuery` — marks the pages of every retire whose events have all completed
+    /// `Releasing`, for the reserve's worker to unmap and release without the lock: `(offset,
+    /// size, page)` each.
+    pub(super) fn finished_retires(&mut self) -> Vec<(usize, usize, Backing)> {
+        if self.retires.is_empty() {
+            return Vec::new();
+        }
+        let tickets = self.retires.take_finished();
+        self.start_release(&tickets)
     }
 
     /// A spare event of `context`'s device, or a new one.

@@ -43,7 +43,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         end: usize,
         device: Device,
     ) -> Result<u64, Error> {
-        self.table_mut().usable(start, end)?;
+        self.lock().usable(start, end)?;
         if self.context_of(device).is_err() {
             return Err(Error::NoPeerAccess {
                 device: device.as_raw(),

@@ -429,7 +429,9 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         {
-            let mut table = buffer.lock();
+            // Once the reserve's worker has finished a release under way: an evicted range whose
+            // page it is releasing is restorable, as without a reserve.
+            let mut table = buffer.shared.settled();
             table.reclaim_finished();
             table.check_still_evicted(pieces.iter().map(|p| p.offset..p.end()))?;
             check_reach(buffer, on, pieces)?;

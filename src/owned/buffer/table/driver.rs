@@ -42,6 +42,9 @@ impl Table<Backing> {
         let Mapping { page, result } =
             self.map_memory(offset, Backing { memory, device }, access, flags);
         let size = end.saturating_sub(offset);
+        if result.is_ok() {
+            self.moved_cursor(end);
+        }
         if let Some((page, epoch)) = page {
             self.slots.insert(
                 index,
@@ -66,59 +69,23 @@ impl Table<Backing> {
         access: &[Context],
         flags: u32,
     ) -> Mapping {
-        let address = self.base.wrapping_add(offset as u64);
-        let size = backing.memory.size();
-        bump(&mut self.stats.map_calls);
-        // SAFETY: `[address, address + size)` lies inside the buffer's reservation (checked against
-        // the budget by the caller), which only this buffer maps into, and overlaps none of its
-        // pages, retired ones included (checked vacant, or an evicted range whose page is gone,
-        // under the lock that every change of the pages holds); both ends are multiples of the
-        // memory's granularity (checked). The memory is a live allocation handle of `size` bytes,
-        // owned here or shared (a share held, so it is not released while mapped); offset 0 and
-        // flags 0 as the driver requires.
-        let mapped = check(unsafe { sys::cuMemMap(address, size, 0, backing.memory.as_raw(), 0) });
-        if let Err(error) = mapped {
-            return Mapping {
-                page: None,
-                result: Err(with_cleanup(
-                    error,
-                    backing.memory.release_code(),
-                    "page mapping",
-                )),
-            };
-        }
-        let epoch = self.count_mapped();
-        bump(&mut self.stats.set_access_calls);
-        if let Err(error) = with_contexts(access, |c| set_access(address, size, c, flags)) {
-            bump(&mut self.stats.unmap_calls);
-            // SAFETY: `[address, address + size)` was mapped just above, by this call, and is
-            // unmapped once here; nothing has seen its address (the lock is held).
-            if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
-                // Still mapped, perhaps partly granted: kept, so that the next unmap of its range
-                // or the drop unmaps it, and `Ungranted`, so that no view covers it.
-                return Mapping {
-                    page: Some((Page::Ungranted(backing), epoch)),
-                    result: Err(Error::CleanupFailed {
-                        error,
-                        cleanup,
-                        what: "page mapping",
-                    }),
-                };
+        let mut calls = Calls::default();
+        // SAFETY: the caller checked `[offset, offset + size)` vacant (or an evicted range whose
+        // page is gone) inside the budget, aligned to the memory's granularity, under the lock
+        // (`&mut self`) that every change of the pages holds, which it holds until the page is in
+        // the table: nothing else maps there meanwhile.
+        let outcome = unsafe { map_at(self.base, offset, backing, access, flags, &mut calls) };
+        self.count_calls(calls.maps, calls.grants, calls.unmaps);
+        let (page, result) = match outcome {
+            Ok(backing) => {
+                bump(&mut self.stats.pages_mapped);
+                (Some(Page::Live(backing)), Ok(()))
             }
-            return Mapping {
-                page: None,
-                result: Err(with_cleanup(
-                    error,
-                    backing.memory.release_code(),
-                    "page mapping",
-                )),
-            };
-        }
-        bump(&mut self.stats.pages_mapped);
-        Mapping {
-            page: Some((Page::Live(backing), epoch)),
-            result: Ok(()),
-        }
+            Err((error, Some(backing))) => (Some(Page::Ungranted(backing)), Err(error)),
+            Err((error, None)) => (None, Err(error)),
+        };
+        let page = page.map(|page| (page, self.count_mapped()));
+        Mapping { page, result }
     }
 
     /// `cuMemMap`, `cuMemSetAccess` — map `memory` (the size and device of `piece`) at the evicted
@@ -359,6 +326,16 @@ impl Table<Backing> {
         }
     }
 
+    /// What a map or retire through `&self` does first: where no reserve runs, the retires that
+    /// have finished are released here ([`reclaim_finished`](Table::reclaim_finished)); where one
+    /// runs, its worker releases them (it looks at their events while any wait, and each retire
+    /// wakes it), and the caller's thread makes no call.
+    pub(in crate::owned::buffer) fn reclaim_here(&mut self) {
+        if !self.reserving() {
+            self.reclaim_finished();
+        }
+    }
+
     /// `cuMemUnmap` and `cuMemRelease` of the retired page of `self.slots[index]`, whose work has
     /// finished: it leaves the table, or leaves its range evicted.
     fn release_retired(&mut self, index: usize) -> Result<(), Error> {
@@ -387,22 +364,26 @@ impl Table<Backing> {
         }
     }
 
-    /// Waits for every retire, then unmaps every page, then releases every page's memory: every
-    /// page is tried. The first error.
+    /// Waits for every retire, then unmaps every page (the reserve's too), then releases every
+    /// page's memory: every page is tried. The first error. The reserve's worker has returned.
     pub(in crate::owned::buffer) fn teardown(&mut self) -> Result<(), Error> {
         let waited = self.retires.wait_all();
         let base = self.base;
         let stats = &mut self.stats;
-        let pages: Vec<(usize, usize, Backing)> = core::mem::take(&mut self.slots)
+        let pages: Vec<(usize, usize, Backing, bool)> = core::mem::take(&mut self.slots)
             .into_iter()
             .filter_map(|slot| match slot.page {
                 Page::Live(page) | Page::Ungranted(page) | Page::Retired { page, .. } => {
-                    Some((slot.offset, slot.size, page))
+                    Some((slot.offset, slot.size, page, false))
                 }
-                Page::Evicted => None,
+                Page::Ready(page) => Some((slot.offset, slot.size, page, true)),
+                // The worker has returned before a teardown, so no range is still `Filling` or
+                // `Releasing`; were one left, the worker made (or unmade) its mapping, and the
+                // table holds no page of it to unmap.
+                Page::Evicted | Page::Filling | Page::Releasing { .. } => None,
             })
             .collect();
-        let unmapped = first_error(pages.iter().map(|&(offset, size, _)| {
+        let unmapped = first_error(pages.iter().map(|&(offset, size, _, _)| {
             bump(&mut stats.unmap_calls);
             // SAFETY: each page's whole mapping, made by `map` or `restore`, unmapped once: the
             // pages have left the table. No view lives (`&mut` of the buffer, or its drop), and
@@ -412,8 +393,12 @@ impl Table<Backing> {
         }));
         // Released after every unmap was tried: where an unmap failed, the driver keeps the memory
         // until that range is unmapped, which then never happens (a leak, not a dangling mapping).
-        let released = first_error(pages.into_iter().map(|(_, _, page)| {
-            bump(&mut stats.pages_released);
+        let released = first_error(pages.into_iter().map(|(_, _, page, reserve)| {
+            bump(if reserve {
+                &mut stats.reserve_released
+            } else {
+                &mut stats.pages_released
+            });
             page.memory.release_code()
         }));
         waited
@@ -476,6 +461,106 @@ impl Table<Backing> {
         };
         Ok(revoked.map_err(Error::from))
     }
+}
+
+/// The driver calls [`map_at`] and [`unmap_and_release`] made, for the table's counts.
+#[derive(Debug, Default, Clone, Copy)]
+pub(in crate::owned::buffer) struct Calls {
+    pub(in crate::owned::buffer) maps: u64,
+    pub(in crate::owned::buffer) grants: u64,
+    pub(in crate::owned::buffer) unmaps: u64,
+}
+
+/// `cuMemMap` and `cuMemSetAccess` — map `backing` at byte `offset` of the buffer at `base` and
+/// grant it to `access` in `flags`, undone on failure (the memory released): the page, or the
+/// error with the page where the unmap that undoes a refused grant failed too (still mapped,
+/// perhaps partly granted: the caller keeps it `Ungranted`). Counts its calls in `calls`.
+///
+/// # Safety
+/// `[base + offset, base + offset + size)` lies inside the buffer's reservation, both ends
+/// multiples of the memory's granularity, and the caller holds the range: no mapping overlaps
+/// it, and nothing else maps there until the caller has put the outcome in the table (checked
+/// vacant under the table's lock and held until then, or marked `Filling` under it, which only
+/// the worker that marked it fills).
+pub(in crate::owned::buffer) unsafe fn map_at(
+    base: u64,
+    offset: usize,
+    backing: Backing,
+    access: &[Context],
+    flags: u32,
+    calls: &mut Calls,
+) -> Result<Backing, (Error, Option<Backing>)> {
+    let address = base.wrapping_add(offset as u64);
+    let size = backing.memory.size();
+    bump(&mut calls.maps);
+    // SAFETY: the range lies inside the buffer's reservation, aligned, and overlaps no mapping,
+    // nor will anything else map there meanwhile (this function's contract). The memory is a live
+    // allocation handle of `size` bytes, owned here or shared (a share held, so it is not released
+    // while mapped); offset 0 and flags 0 as the driver requires.
+    let mapped = check(unsafe { sys::cuMemMap(address, size, 0, backing.memory.as_raw(), 0) });
+    if let Err(error) = mapped {
+        let cleanup = backing.memory.release_code();
+        return Err((with_cleanup(error, cleanup, "page mapping"), None));
+    }
+    bump(&mut calls.grants);
+    if let Err(error) = with_contexts(access, |c| set_access(address, size, c, flags)) {
+        bump(&mut calls.unmaps);
+        // SAFETY: `[address, address + size)` was mapped just above, by this call, and is
+        // unmapped once here; nothing has seen its address (the caller holds the range).
+        if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
+            let error = Error::CleanupFailed {
+                error,
+                cleanup,
+                what: "page mapping",
+            };
+            return Err((error, Some(backing)));
+        }
+        let cleanup = backing.memory.release_code();
+        return Err((with_cleanup(error, cleanup, "page mapping"), None));
+    }
+    Ok(backing)
+}
+
+/// `cuMemUnmap`, `cuMemRelease` — unmap the page `backing` mapped whole at byte `offset` of the
+/// buffer at `base`, then release its memory: `Err` with the page where the driver refuses the
+/// unmap (it stays mapped), else the release's answer (ignored by callers, as in `drop`: the page
+/// is unmapped and gone either way). Counts its call in `calls`.
+///
+/// # Safety
+/// `[base + offset, base + offset + size)` is the page's whole mapping, made by [`map_at`], and
+/// nothing can use it: no view, lend or export reaches it (a page of the reserve, or a retired
+/// page whose events have completed), no queued work uses it, and the caller holds the range
+/// (taken out of the table, or marked `Releasing`, under the lock) so that nothing else unmaps or
+/// maps there until it has put the outcome in the table.
+pub(in crate::owned::buffer) unsafe fn unmap_and_release(
+    base: u64,
+    offset: usize,
+    size: usize,
+    backing: Backing,
+    calls: &mut Calls,
+) -> Result<DriverResult<()>, Backing> {
+    // SAFETY: this function's contract is `unmap_page`'s.
+    match unsafe { unmap_page(base, offset, size, calls) } {
+        Ok(()) => Ok(backing.memory.release_code()),
+        Err(_) => Err(backing),
+    }
+}
+
+/// `cuMemUnmap` — unmap the page mapped whole at byte `offset` of the buffer at `base`; its memory
+/// stays the caller's (to release, or to map again). Counts its call in `calls`.
+///
+/// # Safety
+/// As [`unmap_and_release`].
+pub(in crate::owned::buffer) unsafe fn unmap_page(
+    base: u64,
+    offset: usize,
+    size: usize,
+    calls: &mut Calls,
+) -> DriverResult<()> {
+    bump(&mut calls.unmaps);
+    // SAFETY: the page's whole mapping, which nothing uses or reaches, unmapped once by the holder
+    // of its range (this function's contract).
+    check(unsafe { sys::cuMemUnmap(base.wrapping_add(offset as u64), size) })
 }
 
 /// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole page of `slot`.

@@ -4,9 +4,31 @@
 
 use core::iter::once;
 
-use super::{HELD, Page, Slot, Table};
+use super::{Fill, HELD, Page, Slot, Table};
 use crate::error::Error;
-use crate::owned::pages::{EVICTED, RETIRED};
+use crate::owned::pages::{EVICTED, RESERVED, RETIRED, Span, pages_inside};
+
+impl Table<()> {
+    /// The pages an export would hand out: mapped, not retired.
+    fn unretired_count(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.mapped() && !s.retired())
+            .count()
+    }
+
+    /// Whether an unmap of `[start, end)` is refused before any driver call, as `unmap_span`
+    /// refuses a retired page in its span.
+    fn unmap_span_refused(&self, start: usize, end: usize) -> bool {
+        pages_inside(&self.slots, start, end).map_or(true, |span| {
+            self.slots
+                .get(span)
+                .unwrap_or_default()
+                .iter()
+                .any(Span::retired)
+        })
+    }
+}
 
 /// A table at base 0 holding `pages`: `(offset, size, page)`, in address order, each mapped at the
 /// next epoch.
@@ -260,6 +282,216 @@ fn a_hold_is_exclusive_named_when_shared_and_let_go_once() {
     assert_eq!(refusal(t.hold(0, 4)), Some((0, 4, RETIRED)));
     assert!(t.hold(6, 12).is_err(), "8..12 is a hole");
     assert_eq!(t.not_held(0, 12), Ok(()), "a refused hold holds nothing");
+}
+
+/// A table of `budget` bytes whose reserve holds at most `bound` pages of `size` bytes.
+fn reserving(pages: Vec<(usize, usize, Page<()>)>, bound: usize, size: usize) -> Table<()> {
+    let mut t = table(pages);
+    t.start_reserve(bound, size, 64);
+    t
+}
+
+#[test]
+fn the_reserve_fills_the_next_vacant_slots_after_the_cursor_up_to_its_bound() {
+    let mut t = reserving(
+        vec![
+            (0, 4, Page::Live(())),
+            (8, 4, Page::Evicted),
+            (16, 4, Page::Live(())),
+        ],
+        3,
+        4,
+    );
+    assert_eq!(t.next_fill(), Some((20, 4)), "at the end of the last page");
+    t.moved_cursor(4); // a page mapped at 0..4 last
+    assert_eq!(
+        t.next_fill(),
+        Some((4, 4)),
+        "right after the last page mapped"
+    );
+    assert_eq!(
+        t.next_fill(),
+        Some((12, 4)),
+        "past the evicted range and the page"
+    );
+    assert_eq!(t.next_fill(), None, "the bound: three pages held");
+    assert_eq!(t.stats().reserve_peak_pages, 3);
+    assert!(t.worker_busy());
+    assert!(t.filling_in(14, 18) && !t.filling_in(24, 28));
+    for offset in [4, 12, 20] {
+        t.filled(offset, Fill::Ready(()));
+    }
+    assert!(!t.worker_busy());
+    let stats = t.stats();
+    assert_eq!((stats.reserve_created, stats.reserve_pages), (3, 3));
+    assert_eq!(stats.reserve_bytes, 12);
+    assert_eq!(t.end(), 20, "the reserve's pages are not the buffer's");
+    assert_eq!(t.page_count(), 2);
+    assert_eq!(t.mapped_bytes(), 8);
+    assert_eq!(t.next_fill(), None, "still at the bound");
+}
+
+#[test]
+fn the_reserve_wraps_round_the_budget_once_and_stops_when_asked() {
+    let mut t = reserving(vec![(60, 4, Page::Live(()))], 2, 4);
+    assert_eq!(
+        t.next_fill(),
+        Some((0, 4)),
+        "wrapped: nothing after the cursor"
+    );
+    t.moved_cursor(8);
+    assert_eq!(t.next_fill(), Some((8, 4)));
+    let mut full = reserving(vec![(0, 64, Page::Live(()))], 2, 4);
+    assert_eq!(full.next_fill(), None, "no vacant slot anywhere");
+    t.stop_reserve();
+    assert!(t.stopping() && !t.reserving());
+    t.filled(0, Fill::Ready(()));
+    t.filled(8, Fill::Ready(()));
+    assert_eq!(t.next_fill(), None, "stopped");
+    t.end_reserve();
+    assert!(!t.stopping());
+    assert_eq!(t.take_reserve(0, 64).len(), 2);
+}
+
+#[test]
+fn a_page_of_the_reserve_is_refused_by_every_check_with_its_bytes_named() {
+    let mut t = reserving(vec![(0, 4, Page::Live(()))], 2, 4);
+    t.next_fill();
+    t.next_fill();
+    t.filled(4, Fill::Ready(()));
+    for (start, end) in [(4, 8), (0, 8), (8, 12)] {
+        let named = if start == 8 { (8, 12) } else { (4, 8) };
+        assert_eq!(
+            refusal(t.usable(start, end)),
+            Some((named.0, named.1, RESERVED)),
+            "a view of {start}..{end}"
+        );
+        let vacant = if start == 0 {
+            (0, 4, "are mapped already")
+        } else {
+            (named.0, named.1, RESERVED)
+        };
+        assert_eq!(
+            refusal(t.check_vacant(start, end)),
+            Some(vacant),
+            "a map of {start}..{end} that does not take it"
+        );
+        assert!(
+            t.claim(start, end, true).is_err(),
+            "a lend of {start}..{end}"
+        );
+        assert!(t.claim(start, end, false).is_err());
+    }
+    assert_eq!(
+        t.retire(4, 12, false, || panic!("no page of the buffer to retire"))
+            .map(|r| r.is_none()),
+        Ok(true)
+    );
+    assert_eq!(t.unretired_count(), 1, "only the buffer's page is listed");
+}
+
+#[test]
+fn a_map_of_a_ready_page_takes_it_with_no_driver_call_and_only_of_its_range() {
+    let mut t = reserving(vec![(0, 4, Page::Live(()))], 2, 4);
+    t.next_fill();
+    t.filled(4, Fill::Ready(()));
+    assert!(!t.take_ready(4, 12, |()| true), "another size");
+    assert!(!t.take_ready(0, 4, |()| true), "a page of the buffer");
+    assert!(!t.take_ready(4, 8, |()| false), "another device");
+    let epoch = t.epoch;
+    assert!(t.take_ready(4, 8, |()| true));
+    assert_eq!(t.usable(0, 8), Ok(()), "live now");
+    assert_eq!(t.epoch, epoch + 1, "counted as a page mapped");
+    let stats = t.stats();
+    assert_eq!((stats.pages_mapped, stats.reserve_taken), (1, 1));
+    assert_eq!(stats.reserve_pages, 0);
+    assert_eq!(t.end(), 8);
+    assert_eq!(t.next_fill(), Some((8, 4)), "the cursor moved to its end");
+}
+
+#[test]
+fn a_refused_fill_leaves_a_hole_and_a_fault_until_a_map_takes_it() {
+    let mut t = reserving(Vec::new(), 2, 4);
+    assert_eq!(t.next_fill(), Some((0, 4)));
+    t.filled(0, Fill::Refused(Error::ZeroSize { what: "a stand-in" }));
+    assert_eq!(t.stats().reserve_faults, 1);
+    assert_eq!(t.check_vacant(0, 4), Ok(()), "no page lost, no range kept");
+    assert_eq!(t.next_fill(), None, "no refill while the fault waits");
+    assert_eq!(t.take_fault(), Some(Error::ZeroSize { what: "a stand-in" }));
+    assert_eq!(t.take_fault(), None, "returned once");
+    assert_eq!(t.next_fill(), Some((0, 4)), "and the refills start again");
+    t.filled(0, Fill::Ungranted((), Error::ZeroSize { what: "grant" }));
+    assert_eq!(
+        t.page_count(),
+        1,
+        "an ungranted page is the buffer's, as a map's"
+    );
+    assert_eq!(
+        refusal(t.usable(0, 4)),
+        Some((
+            0,
+            4,
+            "are mapped but not granted (undoing a failed grant failed)"
+        ))
+    );
+}
+
+#[test]
+fn take_reserve_gives_back_the_ready_pages_it_touches_only() {
+    let mut t = reserving(Vec::new(), 3, 4);
+    for _ in 0..3 {
+        t.next_fill();
+    }
+    t.filled(0, Fill::Ready(()));
+    t.filled(4, Fill::Ready(()));
+    let taken = t.take_reserve(2, 6);
+    assert_eq!(
+        taken.iter().map(|&(o, s, ())| (o, s)).collect::<Vec<_>>(),
+        vec![(0, 4), (4, 4)]
+    );
+    assert!(t.filling_in(8, 12), "a fill under way is the worker's");
+    assert_eq!(t.stats().reserve_released, 2);
+    assert_eq!(t.check_vacant(0, 8), Ok(()));
+}
+
+#[test]
+fn a_finished_retire_is_released_by_the_worker_through_releasing() {
+    let mut t = reserving(
+        vec![
+            (0, 4, Page::Live(())),
+            (4, 4, Page::Live(())),
+            (8, 4, Page::Live(())),
+        ],
+        1,
+        4,
+    );
+    let plain = t.retire(0, 4, false, || Ok(())).unwrap().unwrap();
+    let evicting = t.retire(4, 8, true, || Ok(())).unwrap().unwrap();
+    let refused = t.retire(8, 12, false, || Ok(())).unwrap().unwrap();
+    let taken = t.start_release(&[plain.ticket, evicting.ticket, refused.ticket]);
+    assert_eq!(taken.len(), 3);
+    assert!(t.worker_busy());
+    assert_eq!(refusal(t.usable(0, 4)), Some((0, 4, RETIRED)));
+    assert_eq!(refusal(t.check_vacant(0, 4)), Some((0, 4, RETIRED)));
+    assert_eq!(t.mapped_bytes(), 12, "still mapped until released");
+    assert!(
+        t.unmap_span_refused(0, 12),
+        "an unmap refuses a page being released"
+    );
+    t.released(0, Ok(false));
+    t.released(4, Ok(true));
+    t.released(8, Err(()));
+    assert!(!t.worker_busy());
+    assert_eq!(t.check_vacant(0, 4), Ok(()));
+    assert_eq!(refusal(t.check_vacant(4, 8)), Some((4, 8, EVICTED)));
+    assert_eq!(
+        refusal(t.check_vacant(8, 12)),
+        Some((8, 12, RETIRED)),
+        "refused by the driver: retired again, for the drop"
+    );
+    let stats = t.stats();
+    assert_eq!((stats.pages_released, stats.released_in_background), (1, 1));
+    assert_eq!(stats.reserve_recycled, 1, "its memory kept for the reserve");
 }
 
 mod one_pass {

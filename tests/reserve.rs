@@ -1,0 +1,289 @@
+//! The reserve of a `VirtualBuffer` against a real driver: pages made ahead of need by a worker
+//! thread are memory the buffer holds, never more than its bound (also with 16 threads mapping and
+//! retiring at once), never reachable by a view, given back by `trim` and the drop with free device
+//! memory exact to the byte; a refill the worker fails surfaces as the error of the next grow, with
+//! no page lost; retired pages are released (or their memory recycled into the reserve) by the
+//! worker, with no call of the caller. Free memory is compared, so the tests here take a lock, and
+//! nothing else runs in this process.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cuda_vmm::owned::{BufferStats, ReserveOptions};
+use cuda_vmm::{
+    Context, DriverError, Error, Granularity, ReadWrite, Stream, VirtualBuffer,
+    allocation_granularity,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The threads, their rounds each and the reserve's bound of the concurrent test.
+const THREADS: usize = 16;
+const ROUNDS: usize = 25;
+const BOUND: usize = 3;
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Polls `buffer`'s counts until `done` holds (the worker runs on its own time), for at most ten
+/// seconds: the counts then.
+fn wait_for(
+    buffer: &VirtualBuffer,
+    what: &str,
+    done: impl Fn(&BufferStats) -> bool,
+) -> BufferStats {
+    let start = Instant::now();
+    loop {
+        let stats = buffer.stats();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waited 10 s for {what}: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn free(ctx: &Context) -> usize {
+    ctx.memory_info().unwrap().0
+}
+
+/// Every page the worker created is taken, given back, or still held.
+fn balanced(stats: &BufferStats) -> bool {
+    stats.reserve_created == stats.reserve_taken + stats.reserve_released + stats.reserve_pages
+}
+
+#[test]
+fn trim_gives_back_free_memory_exact_to_the_byte() {
+    let _serial = serial();
+    let Some((device, ctx)) = common::gpu_or_skip("trim_gives_back_free_memory_exact_to_the_byte")
+    else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(64 * g, &[device], ReadWrite).unwrap();
+    kv.grow(device, g).unwrap();
+    let before = free(&ctx);
+    kv.reserve_ahead(ReserveOptions::new(device, g, 4)).unwrap();
+    let stats = wait_for(&kv, "4 pages ahead", |s| s.reserve_pages == 4);
+    assert_eq!(stats.reserve_bytes, 4 * g as u64);
+    assert_eq!(
+        before - free(&ctx),
+        4 * g,
+        "the reserve is memory the buffer holds"
+    );
+    assert_eq!(kv.mapped_bytes(), g, "and not the buffer's pages");
+    assert_eq!(kv.pages().len(), 1);
+    assert_eq!(kv.end(), g);
+    assert_eq!(kv.trim().unwrap(), 4);
+    assert_eq!(free(&ctx), before, "trim gave back every byte");
+    let stats = kv.stats();
+    assert_eq!((stats.reserve_pages, stats.reserve_released), (0, 4));
+    assert!(balanced(&stats), "{stats:?}");
+    assert!(stats.reserve_peak_pages <= 4);
+    // Once more, given back by the drop.
+    kv.reserve_ahead(ReserveOptions::new(device, g, 3)).unwrap();
+    wait_for(&kv, "3 pages ahead", |s| s.reserve_pages == 3);
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
+}
+
+#[test]
+fn a_ready_page_is_unreachable_by_views_and_a_map_takes_it_with_no_driver_call() {
+    let _serial = serial();
+    let test = "a_ready_page_is_unreachable_by_views_and_a_map_takes_it_with_no_driver_call";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let mut kv = VirtualBuffer::new(8 * g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, 2)).unwrap();
+    wait_for(&kv, "2 pages ahead", |s| s.reserve_pages == 2);
+    let refused = |result: Result<(), Error>, what: &str| match result {
+        Err(Error::PageRange {
+            start,
+            end,
+            problem,
+        }) => {
+            assert_eq!((start, end), (0, g), "{what}: the bytes named");
+            assert!(problem.contains("reserve"), "{what}: {problem}");
+        }
+        other => panic!("{what}: a page of the reserve reached: {other:?}"),
+    };
+    refused(kv.slice_bytes::<u8>(..g).map(drop), "slice_bytes");
+    refused(kv.slice_bytes_mut::<u8>(..g).map(drop), "slice_bytes_mut");
+    assert_eq!(
+        kv.retire_after(&stream, ..g).unwrap(),
+        0,
+        "no page of the buffer to retire"
+    );
+    cuda_vmm::scope(|s| {
+        let scoped = kv.in_scope(s);
+        refused(scoped.read::<u8>(..g).map(drop), "read");
+        refused(scoped.write::<u8>(..g).map(drop), "write");
+        Ok(())
+    })
+    .unwrap();
+    let calls = kv.stats().map_calls;
+    assert_eq!(kv.grow(device, g).unwrap(), 0);
+    let stats = kv.stats();
+    assert_eq!(stats.reserve_taken, 1);
+    assert!(
+        stats.map_calls <= calls + 1,
+        "the grow made no map of its own (the worker may refill meanwhile)"
+    );
+    kv.slice_bytes_mut::<u32>(..g)
+        .unwrap()
+        .copy_from_host(&vec![7; g / 4])
+        .unwrap();
+    assert!(
+        kv.slice_bytes::<u32>(..g)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 7)
+    );
+    // A map of another size over pages of the reserve gives them back first.
+    wait_for(&kv, "refilled", |s| s.reserve_pages == 2);
+    kv.map_page(g, device, 2 * g).unwrap();
+    let stats = kv.stats();
+    assert_eq!(stats.reserve_released, 2, "{stats:?}");
+    assert!(balanced(&stats), "{stats:?}");
+    assert_eq!(kv.mapped_bytes(), 3 * g);
+}
+
+#[test]
+fn an_injected_refill_fault_surfaces_at_the_next_grow_and_loses_no_page() {
+    let _serial = serial();
+    let test = "an_injected_refill_fault_surfaces_at_the_next_grow_and_loses_no_page";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(16 * g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, 2).with_failing_create(3))
+        .unwrap();
+    wait_for(&kv, "2 pages ahead", |s| s.reserve_pages == 2);
+    assert_eq!(kv.grow(device, g).unwrap(), 0, "taken");
+    wait_for(&kv, "the third fill refused", |s| s.reserve_faults == 1);
+    assert_eq!(
+        kv.grow(device, g).unwrap(),
+        g,
+        "taken: made before the fault"
+    );
+    let fault = kv.grow(device, g).unwrap_err();
+    assert_eq!(fault.driver(), Some(DriverError::OUT_OF_MEMORY), "{fault}");
+    assert_eq!(kv.end(), 2 * g, "the refused grow mapped nothing");
+    assert_eq!(kv.grow(device, g).unwrap(), 2 * g, "the next grow maps");
+    let stats = kv.stats();
+    assert_eq!(stats.pages_mapped, 3);
+    assert_eq!(stats.reserve_faults, 1);
+    assert!(balanced(&stats), "{stats:?}");
+    assert_eq!(kv.mapped_bytes(), 3 * g);
+    assert_eq!(kv.unmap(..).unwrap(), 3);
+    let stats = kv.stats();
+    assert_eq!(stats.pages_released, stats.pages_mapped, "{stats:?}");
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "no page lost");
+}
+
+#[test]
+fn the_worker_releases_retired_pages_with_no_call_of_the_caller() {
+    let _serial = serial();
+    let test = "the_worker_releases_retired_pages_with_no_call_of_the_caller";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let mut kv = VirtualBuffer::new(16 * g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, 1)).unwrap();
+    kv.grow(device, g).unwrap();
+    kv.grow(device, g).unwrap();
+    wait_for(&kv, "refilled", |s| s.reserve_pages == 1);
+    let before = free(&ctx);
+    assert_eq!(kv.retire_after(&stream, ..2 * g).unwrap(), 2);
+    let stats = wait_for(&kv, "the retired pages released", |s| {
+        s.released_in_background == 2
+    });
+    assert_eq!(stats.pages_released, 2);
+    assert_eq!(kv.retired_bytes(), 0);
+    assert_eq!(kv.mapped_bytes(), 0);
+    assert_eq!(free(&ctx) - before, 2 * g, "their memory is free");
+}
+
+#[test]
+fn the_bound_holds_under_16_threads_mapping_and_retiring() {
+    let _serial = serial();
+    let test = "the_bound_holds_under_16_threads_mapping_and_retiring";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(2 * THREADS * ROUNDS * g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, BOUND))
+        .unwrap();
+    cuda_vmm::scope(|s| {
+        let work = s.on(&stream);
+        let kv = kv.in_scope(s);
+        std::thread::scope(|t| {
+            for thread in 0..THREADS {
+                t.spawn(move || {
+                    for round in 0..ROUNDS {
+                        let at = kv.grow(device, g).unwrap();
+                        if round.is_multiple_of(2) {
+                            // A page touched by queued work, then retired behind it.
+                            let mut slot = kv.write::<u32>(at..at + 1024).unwrap();
+                            work.memset(&mut slot, thread as u8).unwrap();
+                        }
+                        kv.retire(at..at + g).unwrap();
+                        let stats = kv.stats();
+                        assert!(
+                            stats.reserve_pages <= BOUND as u64,
+                            "thread {thread}, round {round}: {stats:?}"
+                        );
+                    }
+                });
+            }
+        });
+        Ok(())
+    })
+    .unwrap();
+    let stats = kv.stats();
+    assert!(stats.reserve_peak_pages <= BOUND as u64, "{stats:?}");
+    assert_eq!(stats.pages_mapped, (THREADS * ROUNDS) as u64);
+    assert_eq!(stats.pages_retired, (THREADS * ROUNDS) as u64);
+    assert!(
+        stats.reserve_taken > 0,
+        "no grow used the reserve: {stats:?}"
+    );
+    assert!(balanced(&stats), "{stats:?}");
+    kv.trim().unwrap();
+    kv.reclaim().unwrap();
+    let stats = kv.stats();
+    assert_eq!(
+        stats.pages_released + stats.reserve_recycled,
+        stats.pages_mapped,
+        "every page released or recycled: {stats:?}"
+    );
+    assert!(
+        stats.released_in_background + stats.reserve_recycled > 0,
+        "the worker released none: {stats:?}"
+    );
+    assert_eq!(kv.mapped_bytes(), 0);
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "free memory exact after the drop");
+}
