@@ -300,6 +300,19 @@ pub(crate) fn is_capturing(stream: sys::CUstream) -> DriverResult<bool> {
     Ok(status != sys::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// Sets the calling thread's capture mode to `RELAXED` for the rest of its life: for a thread of
+/// this crate's own that runs no code but the crate's (a reserve's worker). Another thread's capture
+/// in `GLOBAL` mode then neither refuses the thread's VMM calls nor is invalidated by them; every
+/// call the worker makes concerns pages no captured work can reach. A refused exchange leaves the
+/// thread's mode as it was (its calls are then refused under such a capture, and reported as
+/// faults).
+pub(crate) fn relax_this_thread() {
+    let mut mode = sys::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is readable and writable for the call; the exchange concerns only the
+    // calling thread and needs no context.
+    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&raw mut mode) };
+}
+
 /// The calling thread's capture mode set to `RELAXED` for as long as the value lives, and given
 /// back when it is dropped. Local to the frames of this module: it is never handed out, so a
 /// forgotten one cannot leave a thread relaxed.

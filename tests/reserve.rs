@@ -287,3 +287,72 @@ fn the_bound_holds_under_16_threads_mapping_and_retiring() {
     drop(kv);
     assert_eq!(free(&ctx), free_start, "free memory exact after the drop");
 }
+
+unsafe extern "C" {
+    fn cuStreamBeginCapture_v2(stream: *mut core::ffi::c_void, mode: u32) -> u32;
+    fn cuStreamEndCapture(
+        stream: *mut core::ffi::c_void,
+        graph: *mut *mut core::ffi::c_void,
+    ) -> u32;
+    fn cuGraphDestroy(graph: *mut core::ffi::c_void) -> u32;
+}
+
+/// While another thread captures a stream in GLOBAL mode (CUDA's default, which refuses every
+/// thread's potentially unsafe calls in GLOBAL mode and is invalidated by them), the worker
+/// creates, maps and grants a reserve of four pages: none of its calls is refused (no fault), and
+/// the capture ends valid, with a graph. The calling thread is RELAXED meanwhile, so that only the
+/// worker's calls are under test.
+#[test]
+fn the_workers_calls_leave_another_threads_global_capture_valid() {
+    const GLOBAL: u32 = 0;
+    const RELAXED: u32 = 2;
+    let _serial = serial();
+    let Some((device, ctx)) =
+        common::gpu_or_skip("the_workers_calls_leave_another_threads_global_capture_valid")
+    else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let mut kv = VirtualBuffer::new(8 * g, &[device], ReadWrite).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let raw = stream.as_raw() as usize;
+    let (began_tx, began_rx) = std::sync::mpsc::channel::<u32>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let capturer = std::thread::spawn(move || {
+        common::raw_bind(&ctx);
+        // SAFETY: a live stream of the current context; GLOBAL mode; nothing is queued on it.
+        let began = unsafe { cuStreamBeginCapture_v2(raw as *mut _, GLOBAL) };
+        began_tx.send(began).unwrap();
+        done_rx.recv().unwrap();
+        let mut graph = core::ptr::null_mut();
+        // SAFETY: the capture begun above, on this thread; `graph` is writable.
+        let ended = unsafe { cuStreamEndCapture(raw as *mut _, &raw mut graph) };
+        if !graph.is_null() {
+            // SAFETY: the graph the capture gave, destroyed once.
+            unsafe { cuGraphDestroy(graph) };
+        }
+        (ended, !graph.is_null())
+    });
+    assert_eq!(began_rx.recv().unwrap(), 0, "the capture began");
+    let previous = common::exchange_capture_mode(RELAXED);
+    let started = kv.reserve_ahead(ReserveOptions::new(device, g, 4));
+    let stats = started.as_ref().map(|()| {
+        wait_for(&kv, "4 pages ahead, or a fault", |s| {
+            s.reserve_pages == 4 || s.reserve_faults > 0
+        })
+    });
+    done_tx.send(()).unwrap();
+    let (ended, graph) = capturer.join().unwrap();
+    common::exchange_capture_mode(previous);
+    println!(
+        "a reserve filled during another thread's GLOBAL capture: {stats:?}; the capture ended \
+         with {} and a graph: {graph}",
+        common::code_name(ended)
+    );
+    let stats = stats.unwrap();
+    assert_eq!(stats.reserve_faults, 0, "a worker's call was refused");
+    assert_eq!((ended, graph), (0, true), "the capture was invalidated");
+    assert_eq!(kv.trim().unwrap(), 4);
+    kv.free().unwrap();
+    drop(stream);
+}

@@ -203,6 +203,9 @@ impl Job {
     /// slot while the reserve is under its bound, else sleep until woken (polling the retires'
     /// events while some wait). Returns once asked to stop.
     fn run(mut self) {
+        // The worker's calls must neither be refused by another thread's capture in `GLOBAL` mode
+        // nor invalidate it: this thread runs nothing but them.
+        crate::wait::relax_this_thread();
         let shared = Arc::clone(&self.shared);
         let mut table = shared.lock();
         loop {
