@@ -8,6 +8,7 @@
 use core::ops::Range;
 
 use crate::error::Error;
+use crate::stream::StreamId;
 use crate::vmm::physical::check_multiple;
 
 /// The bytes a page covers, `[start, end)`, and whether it is granted: what the bookkeeping below
@@ -183,21 +184,62 @@ pub(super) fn pages_inside<S: Span>(
 }
 
 /// The byte ranges of a buffer lent to a scope, `[start, end)`: those lent for writing, each once and
-/// exclusively, and those lent for reading, merged.
-#[derive(Debug, Default)]
-pub(super) struct Claims {
-    writes: Vec<(usize, usize)>,
+/// exclusively, and those lent for reading, merged. A write claim remembers the stream of its last
+/// write lend (`S`, a stream's identity; any `Copy + Eq` stand-in in the unit tests), so that a read
+/// back of its bytes is ordered after that stream; once read back it is *settled*: no longer lent
+/// for writing, its bytes lent for reading, and its stream kept for every later read back.
+#[derive(Debug)]
+pub(super) struct Claims<S = StreamId> {
+    writes: Vec<WriteClaim<S>>,
     /// Sorted, disjoint, merged where they touch.
     reads: Vec<(usize, usize)>,
 }
 
-impl Claims {
-    /// Claims `[start, end)` for reading: refused where a write claim shares a byte.
+impl<S> Default for Claims<S> {
+    fn default() -> Self {
+        Claims {
+            writes: Vec::new(),
+            reads: Vec::new(),
+        }
+    }
+}
+
+/// One range lent for writing in a scope, `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WriteClaim<S> {
+    start: usize,
+    end: usize,
+    /// The stream of the last write lend (`None` before the first).
+    stream: Option<S>,
+    /// Read back: no longer lent for writing; its bytes are lent for reading.
+    settled: bool,
+}
+
+/// What a write claim's bytes are, in errors, while they are lent for writing.
+pub(super) const LENT_FOR_WRITING: &str = "are lent for writing: read them back \
+     (`ScopedBuffer::read_back`), which orders the read after the write, or retire them";
+
+/// What a settled write claim's bytes are, in errors, to a plain read.
+pub(super) const WRITTEN: &str = "were written in this scope: read them back \
+     (`ScopedBuffer::read_back`), which orders the read after the write";
+
+impl<S: Copy + Eq> Claims<S> {
+    /// Claims `[start, end)` for reading: refused where a write claim shares a byte, settled or not
+    /// (a plain read names no stream to order after the write).
     pub(super) fn read(&mut self, start: usize, end: usize) -> Result<(), Error> {
         if start >= end {
             return Ok(());
         }
-        shared_with(&self.writes, start, end, "are lent for writing")?;
+        for w in &self.writes {
+            let problem = if w.settled { WRITTEN } else { LENT_FOR_WRITING };
+            shared_with(&[(w.start, w.end)], start, end, problem)?;
+        }
+        self.add_read(start, end);
+        Ok(())
+    }
+
+    /// Adds `[start, end)` to the read claims, merged.
+    fn add_read(&mut self, start: usize, end: usize) {
         let first = self.reads.partition_point(|r| r.1 < start);
         let last = self.reads.partition_point(|r| r.0 <= end);
         let merged = self
@@ -207,7 +249,6 @@ impl Claims {
             .iter()
             .fold((start, end), |(s, e), r| (s.min(r.0), e.max(r.1)));
         self.reads.splice(first..last.max(first), [merged]);
-        Ok(())
     }
 
     /// Claims `[start, end)` for writing: refused where any claim shares a byte.
@@ -215,16 +256,86 @@ impl Claims {
         if start >= end {
             return Ok(());
         }
-        shared_with(&self.writes, start, end, "are lent for writing")?;
+        for w in &self.writes {
+            let problem = if w.settled {
+                "were written and read back in this scope: retire them before writing again"
+            } else {
+                "are lent for writing"
+            };
+            shared_with(&[(w.start, w.end)], start, end, problem)?;
+        }
         shared_with(&self.reads, start, end, "are lent for reading")?;
-        self.writes.push((start, end));
+        self.writes.push(WriteClaim {
+            start,
+            end,
+            stream: None,
+            settled: false,
+        });
         Ok(())
+    }
+
+    /// A write lend of `[start, end)` to work on `stream`: `Ok` where a write claim, not read back,
+    /// holds every byte of it, which then remembers `stream`. A range read back or retired since it
+    /// was lent is refused, naming it.
+    pub(super) fn wrote(&mut self, start: usize, end: usize, stream: S) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        match self
+            .writes
+            .iter_mut()
+            .find(|w| !w.settled && w.start <= start && w.end >= end)
+        {
+            Some(claim) => {
+                claim.stream = Some(stream);
+                Ok(())
+            }
+            None => Err(Error::PageRange {
+                start,
+                end,
+                problem: "are no longer lent for writing: read back (`ScopedBuffer::read_back`) \
+                          or retired since",
+            }),
+        }
+    }
+
+    /// Reads `[start, end)` back: every write claim sharing a byte with it is settled (refused
+    /// where one reaches past either end of the range, before any change), the range is claimed for
+    /// reading, and the streams of the last write lends of every write claim sharing a byte,
+    /// settled before or now, are returned, each once: the streams the read is ordered after.
+    pub(super) fn read_back(&mut self, start: usize, end: usize) -> Result<Vec<S>, Error> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let shares = |w: &WriteClaim<S>| w.start < end && w.end > start;
+        if let Some(w) = self
+            .writes
+            .iter()
+            .find(|w| !w.settled && shares(w) && (w.start < start || w.end > end))
+        {
+            return Err(Error::PageRange {
+                start: w.start,
+                end: w.end,
+                problem: "are lent for writing past an end of the range: read a write back whole",
+            });
+        }
+        let mut streams = Vec::new();
+        for w in self.writes.iter_mut().filter(|w| shares(w)) {
+            w.settled = true;
+            if let Some(stream) = w.stream
+                && !streams.contains(&stream)
+            {
+                streams.push(stream);
+            }
+        }
+        self.add_read(start, end);
+        Ok(streams)
     }
 
     /// Forgets the claims on `[start, end)`, retired: write claims that share a byte go (their
     /// memory can no longer be lent), read claims lose those bytes.
     pub(super) fn forget(&mut self, start: usize, end: usize) {
-        self.writes.retain(|w| w.1 <= start || w.0 >= end);
+        self.writes.retain(|w| w.end <= start || w.start >= end);
         let mut kept = Vec::with_capacity(self.reads.len().saturating_add(1));
         for &(s, e) in &self.reads {
             if e <= start || s >= end {

@@ -29,7 +29,7 @@ use crate::owned::pages::{
     Claims, RETIRED, Span, check_covered, check_covered_at, check_not_evicted, insertion_point,
     pages_inside,
 };
-use crate::stream::{Event, PinnedBuffer};
+use crate::stream::{Event, PinnedBuffer, StreamId};
 use crate::vmm::physical::PhysicalAllocation;
 
 use super::page::{Backing, BufferStats, Memory, PageInfo, Piece};
@@ -183,6 +183,15 @@ pub(super) struct Retire {
     pub(super) lends: usize,
 }
 
+/// A range read back ([`Table::read_back`]): the count of mapped pages its lends carry, the streams
+/// of the writes its read is ordered after, and the slot of the lends to wait for first (`None`
+/// where nothing was written).
+pub(super) struct ReadBack {
+    pub(super) epoch: u64,
+    pub(super) streams: Vec<StreamId>,
+    pub(super) lends: Option<usize>,
+}
+
 /// The page table: the pages of one buffer and everything that changes with them, behind the
 /// buffer's lock.
 pub(super) struct Table<P = Backing> {
@@ -274,6 +283,42 @@ impl<P> Table<P> {
     pub(super) fn admit(&self, start: usize, end: usize, epoch: u64) -> Result<usize, Error> {
         self.usable_since(start, end, epoch)?;
         Ok(self.generation % 2)
+    }
+
+    /// Admits a write lend of the scoped view `[start, end)` made at `epoch` to work on `stream`: as
+    /// [`admit`](Table::admit), and the bytes still lent for writing (not read back since), whose
+    /// claim remembers `stream` for the read back.
+    pub(super) fn admit_write(
+        &mut self,
+        start: usize,
+        end: usize,
+        epoch: u64,
+        stream: StreamId,
+    ) -> Result<usize, Error> {
+        self.usable_since(start, end, epoch)?;
+        self.claims.wrote(start, end, stream)?;
+        Ok(self.generation % 2)
+    }
+
+    /// Reads `[start, end)` back for a scope, once it is [`usable`](Table::usable): the write
+    /// claims sharing a byte are settled (no write lend follows) and the range is claimed for
+    /// reading. Where a write was lent, the lend generation turns, so that the caller waits for the
+    /// write lends in progress (`lends`) before it orders the read after their `streams`.
+    pub(super) fn read_back(&mut self, start: usize, end: usize) -> Result<ReadBack, Error> {
+        self.usable(start, end)?;
+        let streams = self.claims.read_back(start, end)?;
+        let lends = if streams.is_empty() {
+            None
+        } else {
+            let old = self.generation % 2;
+            self.generation = self.generation.wrapping_add(1);
+            Some(old)
+        };
+        Ok(ReadBack {
+            epoch: self.epoch,
+            streams,
+            lends,
+        })
     }
 
     /// Claims `[start, end)` for a scope, for writing (exclusively) or reading, once it is

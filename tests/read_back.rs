@@ -1,0 +1,214 @@
+//! Reads after writes inside one scope, against a real driver: bytes that queued work wrote in a
+//! `ScopedBuffer` are read back as one view (`ScopedBuffer::read_back`), ordered after every write,
+//! on the writer's stream or on another one behind an event the crate records; the write claims end
+//! there, so the writes' handles are refused afterwards, with the bytes named. Every test skips
+//! visibly without a GPU. The tests take one lock, since they time kernels.
+
+mod common;
+
+use std::ffi::CString;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use common::{gpu_or_skip, pattern};
+use cuda_vmm::{
+    Context, Device, Error, Event, Granularity, Module, PinnedBuffer, ReadWrite, Stream,
+    VirtualBuffer, allocation_granularity,
+};
+
+/// `spin_add_one(u32 *dst, const u32 *src, u32 n, u64 ns)`: waits `ns` nanoseconds, then
+/// `dst[i] = src[i] + 1`.
+const SPIN_PTX: &str = include_str!("../examples/kernels/spin_add_one.ptx");
+const GRID: (u32, u32, u32) = (64, 1, 1);
+const BLOCK: (u32, u32, u32) = (256, 1, 1);
+/// Long enough that a read on another stream not ordered after the kernel reads its bytes before
+/// the kernel has written them.
+const SPIN: Duration = Duration::from_millis(300);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn spin_module(ctx: &Context) -> Module {
+    Module::load_ptx(ctx, &CString::new(SPIN_PTX).expect("PTX has no NUL byte")).unwrap()
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap()
+}
+
+fn plus_one(data: &[u32]) -> Vec<u32> {
+    data.iter().map(|x| x.wrapping_add(1)).collect()
+}
+
+fn granularity(device: Device) -> usize {
+    allocation_granularity(device, Granularity::Minimum).unwrap()
+}
+
+/// The bytes a `PageRange` error names.
+fn page_range<T>(result: &Result<T, Error>) -> Option<(usize, usize)> {
+    match result {
+        Err(Error::PageRange { start, end, .. }) => Some((*start, *end)),
+        _ => None,
+    }
+}
+
+/// A sequence's history, written a token slot at a time on one stream and read back whole on the
+/// same stream, twice (a step, then the next one with one more slot): every value is the one
+/// written. The writes' handles are refused once read back, naming their bytes, and so are a plain
+/// read and a new write of those bytes; a slot not read back is still written.
+#[test]
+fn history_is_read_back_on_the_writers_stream() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("history_is_read_back_on_the_writers_stream") else {
+        return;
+    };
+    let g = granularity(device);
+    let slot = 4096usize; // bytes of one token's K/V
+    let per = slot / 4;
+    let tokens: Vec<Vec<u32>> = (0..6).map(|t| pattern(per, 100 + t)).collect();
+    let uploads: Vec<PinnedBuffer<u32>> = tokens
+        .iter()
+        .map(|t| PinnedBuffer::from_slice(&ctx, t).unwrap())
+        .collect();
+    let mut step4 = PinnedBuffer::<u32>::zeroed(&ctx, 4 * per).unwrap();
+    let mut step5 = PinnedBuffer::<u32>::zeroed(&ctx, 5 * per).unwrap();
+    let work = Stream::new(&ctx).unwrap();
+    let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+
+    cuda_vmm::scope(|s| {
+        let w = s.on(&work);
+        let kv = cache.in_scope(s);
+        let mut slots = Vec::new();
+        for (t, upload) in uploads.iter().enumerate().take(4) {
+            let mut kv_slot = kv.write::<u32>(t * slot..(t + 1) * slot)?;
+            w.copy_from_host(&mut kv_slot, upload)?;
+            slots.push(kv_slot);
+        }
+        let mut spare = kv.write::<u32>(5 * slot..6 * slot)?;
+        let history = kv.read_back::<u32>(0..4 * slot, w)?;
+        w.copy_to_host(&mut step4, history)?;
+
+        assert_eq!(
+            page_range(&w.copy_from_host(&mut slots[1], &uploads[1])),
+            Some((slot, 2 * slot)),
+            "a write through a handle read back"
+        );
+        assert_eq!(
+            page_range(&kv.read::<u32>(0..8)),
+            Some((0, 8)),
+            "a plain read of written bytes"
+        );
+        assert_eq!(
+            page_range(&kv.write::<u32>(3 * slot..5 * slot)),
+            Some((3 * slot, 4 * slot)),
+            "a write over bytes read back"
+        );
+        assert_eq!(
+            page_range(&kv.read_back::<u32>(4 * slot..6 * slot + 4, w)),
+            Some((5 * slot, 6 * slot)),
+            "a read back that cuts a write"
+        );
+        w.copy_from_host(&mut spare, &uploads[5])?; // not read back: still lent for writing
+
+        // The next step: one more token, and the whole history again.
+        let mut next = kv.write::<u32>(4 * slot..5 * slot)?;
+        w.copy_from_host(&mut next, &uploads[4])?;
+        let history = kv.read_back::<u32>(0..5 * slot, w)?;
+        w.copy_to_host(&mut step5, history)?;
+        Ok(())
+    })
+    .unwrap();
+    let expected: Vec<u32> = tokens.concat();
+    assert_eq!(
+        step4.to_vec(),
+        expected[..4 * per],
+        "the first step's history"
+    );
+    assert_eq!(
+        step5.to_vec(),
+        expected[..5 * per],
+        "the second step's history"
+    );
+    cache.free().unwrap();
+}
+
+/// A 300 ms kernel writes a slot on one stream, after an upload to the slot before it; both slots
+/// are read back as one view for another stream, whose download then reads them. The read back
+/// returns while the kernel runs (no host wait), and the download sees the kernel's values (it
+/// waited for the crate's event): without the wait it would copy the zeros the slot held before.
+/// The view is refused on a third stream.
+#[test]
+fn history_is_read_back_across_two_streams() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("history_is_read_back_across_two_streams") else {
+        return;
+    };
+    let g = granularity(device);
+    let n = g / 8;
+    let half = n * 4;
+    let module = spin_module(&ctx);
+    let kernel = module.function(c"spin_add_one").unwrap();
+    let data = pattern(n, 17);
+    let host_in = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+    let mut host_out = PinnedBuffer::<u32>::zeroed(&ctx, 2 * n).unwrap();
+    let mut refused_out = PinnedBuffer::<u32>::zeroed(&ctx, 2 * n).unwrap();
+    let (append, attend, third) = (
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+    );
+    let kernel_done = Event::new(&ctx).unwrap();
+    let n32 = u32::try_from(n).unwrap();
+    let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+    // Zeros in the kernel's slot, written and waited for by a scope of their own.
+    cuda_vmm::scope(|s| {
+        let mut slot = cache.in_scope(s).write::<u32>(half..2 * half)?;
+        s.on(&append).memset(&mut slot, 0)?;
+        Ok(())
+    })
+    .unwrap();
+
+    let mut ran_on = false;
+    cuda_vmm::scope(|s| {
+        let (append, attend, third) = (s.on(&append), s.on(&attend), s.on(&third));
+        let kv = cache.in_scope(s);
+        let mut src = kv.write::<u32>(0..half)?;
+        let mut dst = kv.write::<u32>(half..2 * half)?;
+        let uploaded = append.copy_from_host(&mut src, &host_in)?;
+        // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)`, `n` values of each view.
+        unsafe {
+            append.launch(&kernel, GRID, BLOCK, (&mut dst, uploaded, n32, nanos(SPIN)))?;
+        }
+        append.record(&kernel_done)?;
+        let history = kv.read_back::<u32>(0..2 * half, attend)?;
+        ran_on = !kernel_done.is_complete()?;
+        attend.copy_to_host(&mut host_out, history)?;
+        assert!(
+            matches!(
+                third.copy_to_host(&mut refused_out, history),
+                Err(Error::StreamRefused { .. })
+            ),
+            "a view read back for one stream, lent to another"
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert!(ran_on, "the read back waited for the kernel on the host");
+    let mut expected = data.clone();
+    expected.extend(plus_one(&data));
+    assert_eq!(
+        host_out.to_vec(),
+        expected,
+        "the download read the kernel's bytes"
+    );
+    assert!(
+        refused_out.iter().all(|&v| v == 0),
+        "the refused download ran"
+    );
+    cache.free().unwrap();
+}
