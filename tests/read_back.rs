@@ -1,8 +1,9 @@
 //! Reads after writes inside one scope, against a real driver: bytes that queued work wrote in a
 //! `ScopedBuffer` are read back as one view (`ScopedBuffer::read_back`), ordered after every write,
 //! on the writer's stream or on another one behind an event the crate records; the write claims end
-//! there, so the writes' handles are refused afterwards, with the bytes named. Every test skips
-//! visibly without a GPU. The tests take one lock, since they time kernels.
+//! there, so the writes' handles are refused afterwards, with the bytes named; and a freed block is
+//! lent again for writing (`ScopedBuffer::reuse`) behind its last reader. Every test skips visibly
+//! without a GPU. The tests take one lock, since they time kernels.
 
 mod common;
 
@@ -108,7 +109,7 @@ fn history_is_read_back_on_the_writers_stream() {
             "a write over bytes read back"
         );
         assert_eq!(
-            page_range(&kv.read_back::<u32>(4 * slot..6 * slot + 4, w)),
+            page_range(&kv.read_back::<u32>(4 * slot..5 * slot + 4, w)),
             Some((5 * slot, 6 * slot)),
             "a read back that cuts a write"
         );
@@ -206,6 +207,89 @@ fn history_is_read_back_across_two_streams() {
         expected,
         "the download read the kernel's bytes"
     );
+    assert!(
+        refused_out.iter().all(|&v| v == 0),
+        "the refused download ran"
+    );
+    cache.free().unwrap();
+}
+
+/// A block a caching allocator freed, lent again for writing in the same scope: written on one
+/// stream, read back for another where a 300 ms kernel reads it, then reused on the first stream
+/// and overwritten at once. The reuse returns while the kernel runs (no host wait), and the kernel
+/// still reads the first bytes (the new upload waited for it): without the wait it would read the
+/// second. Every earlier handle of the block is refused afterwards, naming its bytes, and a reuse
+/// that cuts a write is refused before anything changes.
+#[test]
+fn a_freed_block_is_reused_behind_its_last_reader() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("a_freed_block_is_reused_behind_its_last_reader") else {
+        return;
+    };
+    let g = granularity(device);
+    let n = g / 8;
+    let half = n * 4;
+    let module = spin_module(&ctx);
+    let kernel = module.function(c"spin_add_one").unwrap();
+    let (first, second) = (pattern(n, 23), pattern(n, 29));
+    let first_in = PinnedBuffer::from_slice(&ctx, &first).unwrap();
+    let second_in = PinnedBuffer::from_slice(&ctx, &second).unwrap();
+    let mut kernel_out = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut block_out = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let mut refused_out = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let (append, attend) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let kernel_done = Event::new(&ctx).unwrap();
+    let n32 = u32::try_from(n).unwrap();
+    let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+
+    let mut ran_on = false;
+    cuda_vmm::scope(|s| {
+        let (append, attend) = (s.on(&append), s.on(&attend));
+        let kv = cache.in_scope(s);
+        let mut block = kv.write::<u32>(0..half)?;
+        append.copy_from_host(&mut block, &first_in)?;
+        let seen = kv.read_back::<u32>(0..half, attend)?;
+        let mut out = kv.write::<u32>(half..2 * half)?;
+        // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)`, `n` values of each view.
+        unsafe {
+            attend.launch(&kernel, GRID, BLOCK, (&mut out, seen, n32, nanos(SPIN)))?;
+        }
+        attend.record(&kernel_done)?;
+
+        assert_eq!(
+            page_range(&kv.reuse::<u32>(half..half + 4096, append)),
+            Some((half, 2 * half)),
+            "a reuse that cuts a write"
+        );
+        let mut again = kv.reuse::<u32>(0..half, append)?;
+        ran_on = !kernel_done.is_complete()?;
+        append.copy_from_host(&mut again, &second_in)?;
+
+        assert_eq!(
+            page_range(&append.copy_from_host(&mut block, &first_in)),
+            Some((0, half)),
+            "the first owner's write handle"
+        );
+        assert_eq!(
+            page_range(&attend.copy_to_host(&mut refused_out, seen)),
+            Some((0, half)),
+            "a read handle made before the reuse"
+        );
+        let now = kv.read_back::<u32>(0..half, append)?;
+        append.copy_to_host(&mut block_out, now)?;
+        let result = kv.read_back::<u32>(half..2 * half, attend)?;
+        attend.copy_to_host(&mut kernel_out, result)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(ran_on, "the reuse waited for the kernel on the host");
+    assert_eq!(
+        kernel_out.to_vec(),
+        plus_one(&first),
+        "the kernel read the first owner's bytes"
+    );
+    assert_eq!(block_out.to_vec(), second, "the second owner's bytes");
     assert!(
         refused_out.iter().all(|&v| v == 0),
         "the refused download ran"

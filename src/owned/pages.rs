@@ -193,6 +193,10 @@ pub(super) struct Claims<S = StreamId> {
     writes: Vec<WriteClaim<S>>,
     /// Sorted, disjoint, merged where they touch.
     reads: Vec<(usize, usize)>,
+    /// The ranges lent again for writing ([`reuse`](Claims::reuse)), each with the table's count
+    /// when it was: a handle made at an earlier count is refused there. Sorted, disjoint (a later
+    /// reuse replaces the bytes it shares), so bounded by the blocks of the buffer.
+    fences: Vec<(usize, usize, u64)>,
 }
 
 impl<S> Default for Claims<S> {
@@ -200,9 +204,14 @@ impl<S> Default for Claims<S> {
         Claims {
             writes: Vec::new(),
             reads: Vec::new(),
+            fences: Vec::new(),
         }
     }
 }
+
+/// What bytes lent again for writing are, in errors, to a handle made before.
+pub(super) const REUSED: &str = "were lent again for writing (`ScopedBuffer::reuse`) after this \
+     handle was made";
 
 /// One range lent for writing in a scope, `[start, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,31 +341,107 @@ impl<S: Copy + Eq> Claims<S> {
         Ok(streams)
     }
 
+    /// Lends `[start, end)` again for writing, to work on `stream`, at the table's count `epoch`
+    /// (later than every handle's so far): every claim on it is forgotten, every handle of its
+    /// bytes made before is refused from now on ([`check_fresh`](Claims::check_fresh)), and it is
+    /// claimed for writing. Refused, before any change, where a write claim (read back or not)
+    /// reaches past either end.
+    pub(super) fn reuse(
+        &mut self,
+        start: usize,
+        end: usize,
+        epoch: u64,
+        stream: S,
+    ) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        if let Some(w) = self
+            .writes
+            .iter()
+            .find(|w| w.start < end && w.end > start && (w.start < start || w.end > end))
+        {
+            return Err(Error::PageRange {
+                start: w.start,
+                end: w.end,
+                problem: "were lent for writing past an end of the range: reuse a block whole",
+            });
+        }
+        self.forget(start, end);
+        let at = self.fences.partition_point(|f| f.0 < start);
+        self.fences.insert(at, (start, end, epoch));
+        self.writes.push(WriteClaim {
+            start,
+            end,
+            stream: Some(stream),
+            settled: false,
+        });
+        Ok(())
+    }
+
+    /// `Ok` where no byte of `[start, end)` was lent again for writing after a handle made at
+    /// `epoch`; else the first such bytes, named.
+    pub(super) fn check_fresh(&self, start: usize, end: usize, epoch: u64) -> Result<(), Error> {
+        match self
+            .fences
+            .iter()
+            .find(|f| f.0 < end && f.1 > start && f.2 > epoch)
+        {
+            Some(f) => Err(Error::PageRange {
+                start: f.0.max(start),
+                end: f.1.min(end),
+                problem: REUSED,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Forgets the claims on `[start, end)`, retired: write claims that share a byte go (their
-    /// memory can no longer be lent), read claims lose those bytes.
+    /// memory can no longer be lent), read claims and reuses lose those bytes.
     pub(super) fn forget(&mut self, start: usize, end: usize) {
         self.writes.retain(|w| w.end <= start || w.start >= end);
-        let mut kept = Vec::with_capacity(self.reads.len().saturating_add(1));
-        for &(s, e) in &self.reads {
-            if e <= start || s >= end {
-                kept.push((s, e));
-                continue;
-            }
-            if s < start {
-                kept.push((s, start));
-            }
-            if e > end {
-                kept.push((end, e));
-            }
-        }
-        self.reads = kept;
+        self.reads = cut(&self.reads, start, end, |&(s, e)| (s, e), |_, s, e| (s, e));
+        self.fences = cut(
+            &self.fences,
+            start,
+            end,
+            |f| (f.0, f.1),
+            |f, s, e| (s, e, f.2),
+        );
     }
 
     /// Forgets every claim (the scope that held them has ended).
     pub(super) fn clear(&mut self) {
         self.writes.clear();
         self.reads.clear();
+        self.fences.clear();
     }
+}
+
+/// `ranges` (sorted, disjoint; `bounds` gives each one's `[start, end)`) less the bytes
+/// `[start, end)`: a range cut by it keeps its parts outside, remade by `part`.
+fn cut<R>(
+    ranges: &[R],
+    start: usize,
+    end: usize,
+    bounds: impl Fn(&R) -> (usize, usize),
+    part: impl Fn(&R, usize, usize) -> R,
+) -> Vec<R> {
+    let mut kept = Vec::with_capacity(ranges.len().saturating_add(1));
+    for r in ranges {
+        let (s, e) = bounds(r);
+        if e <= start || s >= end {
+            kept.push(part(r, s, e));
+            continue;
+        }
+        if s < start {
+            kept.push(part(r, s, start));
+        }
+        if e > end {
+            kept.push(part(r, end, e));
+        }
+    }
+    kept
 }
 
 /// `Err` naming the bytes `[start, end)` shares with one of `claims`.

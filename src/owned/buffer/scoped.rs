@@ -42,7 +42,8 @@ pub use evict::EvictedInFlight;
 /// - **Reads after writes** ([`read_back`](ScopedBuffer::read_back)): bytes written in the scope are
 ///   read by later work as one view over any range, ordered after every write to them (the crate
 ///   records an event on each writer's stream and the reading stream waits for it); the writes'
-///   claims end there, and a write after a read back is refused.
+///   claims end there, and a write after a read back is refused. A block freed in the scope is
+///   lent again for writing by [`reuse`](ScopedBuffer::reuse), behind every earlier use of it.
 /// - **Growth** ([`grow`](ScopedBuffer::grow), [`map_page`](ScopedBuffer::map_page)) maps pages into
 ///   unmapped ranges, which disturbs no lent view.
 /// - **Retire** ([`retire`](ScopedBuffer::retire)) records an event on every stream of the scope,

@@ -200,8 +200,9 @@ pub(super) struct Table<P = Backing> {
     /// Sorted by offset, disjoint, inside `[0, budget)`: every page mapped, retired or evicted.
     slots: Vec<Slot<P>>,
     stats: BufferStats,
-    /// The count of pages mapped so far: each page records it, and so does each lend of a scoped
-    /// buffer, which then never covers a page mapped after it.
+    /// The count of pages mapped (and of ranges reused) so far: each page records it, and so does
+    /// each lend of a scoped buffer, which then never covers a page mapped, nor a range reused,
+    /// after it.
     epoch: u64,
     /// The retires whose pages wait for the GPU.
     retires: Retires,
@@ -275,7 +276,8 @@ impl<P> Table<P> {
     /// page mapped later is refused too.
     fn usable_since(&self, start: usize, end: usize, epoch: u64) -> Result<(), Error> {
         check_not_evicted(&self.slots, start, end)?;
-        check_covered_at(&self.slots, start, end, epoch)
+        check_covered_at(&self.slots, start, end, epoch)?;
+        self.claims.check_fresh(start, end, epoch)
     }
 
     /// Admits a lend of the scoped view `[start, end)` made at `epoch` ([`usable`](Table::usable)
@@ -319,6 +321,26 @@ impl<P> Table<P> {
             streams,
             lends,
         })
+    }
+
+    /// Lends `[start, end)` again for writing in a scope, to work on `stream`, once it is
+    /// [`usable`](Table::usable): the count turns, every handle of the range made before is refused
+    /// from now on, and the range is claimed for writing anew. The lend generation turns too: the
+    /// new count, which the new lend carries, and the slot of the lends to wait for before the
+    /// caller orders `stream` after the work queued so far.
+    pub(super) fn reuse(
+        &mut self,
+        start: usize,
+        end: usize,
+        stream: StreamId,
+    ) -> Result<(u64, usize), Error> {
+        self.usable(start, end)?;
+        let epoch = self.epoch.saturating_add(1);
+        self.claims.reuse(start, end, epoch, stream)?;
+        self.epoch = epoch;
+        let lends = self.generation % 2;
+        self.generation = self.generation.wrapping_add(1);
+        Ok((epoch, lends))
     }
 
     /// Claims `[start, end)` for a scope, for writing (exclusively) or reading, once it is

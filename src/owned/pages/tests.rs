@@ -3,7 +3,7 @@
 use super::*;
 
 mod claims {
-    use super::{Claims, LENT_FOR_WRITING, WRITTEN};
+    use super::{Claims, LENT_FOR_WRITING, REUSED, WRITTEN};
     use crate::error::Error;
     use proptest::prelude::*;
 
@@ -149,6 +149,63 @@ mod claims {
         assert_eq!(problem(claims.write(0, 30)), None, "retired: lent again");
     }
 
+    #[test]
+    fn a_reuse_fences_off_every_earlier_handle_and_lends_anew() {
+        let mut claims = Claims::<u8>::default();
+        claims.write(0, 10).unwrap();
+        claims.write(10, 20).unwrap();
+        claims.wrote(0, 10, 1).unwrap();
+        claims.read_back(0, 10).unwrap();
+        claims.read(20, 40).unwrap();
+        assert_eq!(
+            problem(claims.reuse(5, 15, 3, 2)),
+            Some((
+                0,
+                10,
+                "were lent for writing past an end of the range: reuse a block whole"
+            )),
+            "a write cut by the range, read back or not"
+        );
+        assert_eq!(
+            problem(claims.check_fresh(0, 40, 0)),
+            None,
+            "refused: no change"
+        );
+        claims.reuse(0, 10, 3, 2).unwrap();
+        claims.reuse(25, 30, 4, 2).unwrap();
+        assert_eq!(
+            problem(claims.check_fresh(8, 12, 2)),
+            Some((8, 10, REUSED)),
+            "a handle made before, over the block"
+        );
+        assert_eq!(problem(claims.check_fresh(0, 10, 3)), None, "the new lend");
+        assert_eq!(problem(claims.check_fresh(10, 25, 0)), None, "other bytes");
+        assert_eq!(
+            problem(claims.check_fresh(20, 40, 3)).map(|p| (p.0, p.1)),
+            Some((25, 30)),
+            "a read made before the second reuse"
+        );
+        assert_eq!(
+            problem(claims.wrote(0, 10, 2)),
+            None,
+            "lent for writing anew"
+        );
+        assert_eq!(problem(claims.read(0, 1)), Some((0, 1, LENT_FOR_WRITING)));
+        assert_eq!(claims.reads, vec![(20, 25), (30, 40)]);
+        claims.reuse(0, 10, 5, 1).unwrap();
+        assert_eq!(
+            claims.fences.len(),
+            2,
+            "a later reuse replaces the bytes it shares"
+        );
+        claims.forget(0, 40);
+        assert_eq!(
+            problem(claims.check_fresh(0, 40, 0)),
+            None,
+            "retired: nothing left"
+        );
+    }
+
     /// One step of the model test: claim for writing, claim for reading, a write lend on a stream,
     /// a read back, a retire.
     #[derive(Debug, Clone)]
@@ -158,6 +215,8 @@ mod claims {
         Wrote(usize, usize, u8),
         ReadBack(usize, usize),
         Forget(usize, usize),
+        Reuse(usize, usize, u8),
+        Fresh(usize, usize, u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -167,7 +226,9 @@ mod claims {
             range.clone().prop_map(|(s, e)| Op::Read(s, e)),
             (range.clone(), 0u8..3).prop_map(|((s, e), t)| Op::Wrote(s, e, t)),
             range.clone().prop_map(|(s, e)| Op::ReadBack(s, e)),
-            range.prop_map(|(s, e)| Op::Forget(s, e)),
+            range.clone().prop_map(|(s, e)| Op::Forget(s, e)),
+            (range.clone(), 0u8..3).prop_map(|((s, e), t)| Op::Reuse(s, e, t)),
+            (range, 0u64..12).prop_map(|((s, e), epoch)| Op::Fresh(s, e, epoch)),
         ]
     }
 
@@ -192,6 +253,9 @@ mod claims {
         fn claims_match_a_byte_model(ops in proptest::collection::vec(op(), 0..24)) {
             let mut claims = Claims::<u8>::default();
             let mut model = [Byte::Free; 24];
+            // The count at which each byte was last reused (0: never, or retired since).
+            let mut fenced = [0u64; 24];
+            let mut epoch = 0u64;
             let mut next = 0usize;
             for op in ops {
                 match op {
@@ -278,6 +342,28 @@ mod claims {
                             }
                         }
                         model[s..e].fill(Byte::Free);
+                        fenced[s..e].fill(0);
+                    }
+                    Op::Reuse(s, e, t) => {
+                        let owner = |b: &Byte| match b {
+                            Byte::Writing(c, _) | Byte::ReadBack(c, _) => Some(*c),
+                            _ => None,
+                        };
+                        let cut = model.iter().enumerate().any(|(i, b)| {
+                            owner(b).is_some_and(|c| model[s..e].iter().any(|x| owner(x) == Some(c)))
+                                && !(s..e).contains(&i)
+                        });
+                        epoch += 1;
+                        prop_assert_eq!(claims.reuse(s, e, epoch, t).is_ok(), !cut, "{:?}", op);
+                        if !cut {
+                            model[s..e].fill(Byte::Writing(next, Some(t)));
+                            next += 1;
+                            fenced[s..e].fill(epoch);
+                        }
+                    }
+                    Op::Fresh(s, e, at) => {
+                        let stale = fenced[s..e].iter().any(|&f| f > at);
+                        prop_assert_eq!(claims.check_fresh(s, e, at).is_err(), stale, "{:?}", op);
                     }
                 }
             }
