@@ -249,6 +249,9 @@ assert_impl_all!(cuda_vmm::stream::HostInFlight<'static, u32>: Send, Sync, Copy)
 // checked again at every lend, and the one stream a range read back is lent to (its context and
 // handle, and the option's tag).
 assert_impl_all!(cuda_vmm::stream::DeviceInFlight<'static, u32>: Send, Sync, Copy);
+// A block table owns its device array, staging ring and events, like the buffers it is made of.
+assert_impl_all!(cuda_vmm::stream::BlockTable<u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::ScopedBlockTable<'static, u32>: Clone, Copy);
 assert_eq_size!(
     cuda_vmm::stream::DeviceInFlight<'static, u32>,
     (DeviceSlice<'static, u32>, [usize; 8])

@@ -312,9 +312,11 @@ pub(crate) mod sealed {
     }
 
     /// A lend in progress, counted by [`Tracker::admit`](super::Tracker::admit): uncounted when
-    /// dropped, once the operation has queued its work.
+    /// dropped, once the operation has queued its work. The second field holds the counts of a
+    /// lend of several views (a block table's), empty (allocating nothing) for one view.
     pub struct Counted<'scope>(
         pub(in crate::stream) Option<(&'scope (dyn super::Tracker + 'scope), usize)>,
+        pub(in crate::stream) Vec<(&'scope (dyn super::Tracker + 'scope), usize)>,
     );
 
     impl core::fmt::Debug for Counted<'_> {
@@ -325,8 +327,8 @@ pub(crate) mod sealed {
 
     impl Drop for Counted<'_> {
         fn drop(&mut self) {
-            if let Some((pages, slot)) = self.0 {
-                pages.done(slot);
+            for (pages, slot) in self.0.iter().chain(&self.1) {
+                pages.done(*slot);
             }
         }
     }
@@ -384,7 +386,9 @@ pub(crate) struct Origin<'scope> {
 }
 
 impl Origin<'_> {
-    fn admit<T: Pod>(
+    /// Admits a lend of `view` (of this memory) to work on `stream`, for writing or reading: the
+    /// slot its count goes in, until the work is queued.
+    pub(super) fn admit<T: Pod>(
         self,
         view: &DeviceSlice<'_, T>,
         stream: StreamId,
@@ -415,7 +419,7 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
         sealed::Lent {
             view,
             origin: None,
-            counted: sealed::Counted(None),
+            counted: sealed::Counted(None, Vec::new()),
         }
     }
 
@@ -458,7 +462,7 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
         Ok(sealed::Lent {
             view,
             origin: Some(origin),
-            counted: sealed::Counted(Some((origin.pages, slot))),
+            counted: sealed::Counted(Some((origin.pages, slot)), Vec::new()),
         })
     }
 
