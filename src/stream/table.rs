@@ -229,8 +229,10 @@ impl<'scope, T: Pod> ScopedBlockTable<'scope, T> {
     /// ([`Error::PageRange`] for retired pages, [`Error::StreamRefused`] for a view of another
     /// scope or bound to another stream). Then [`Error::StreamCapturing`] where the stream is
     /// capturing; [`Error::StreamRefused`] where the staging buffer's last copy has not completed
-    /// (the host is `depth` uploads ahead); the driver's error otherwise. On an error the table
-    /// keeps its last upload.
+    /// (the host is `depth` uploads ahead); the driver's error otherwise. On an error before the
+    /// copy is queued the table keeps its last upload; where the event after a queued copy is
+    /// refused, the table holds the new blocks, and the call waits for the stream (the only host
+    /// wait, so that the staging buffer is never written under its copy).
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn upload<V: ScopedRead<'scope, T>>(
         &mut self,
@@ -296,10 +298,17 @@ impl<'scope, T: Pod> ScopedBlockTable<'scope, T> {
                 )?;
             }
         }
-        self.stream.record(event)?;
-        self.table.next = self.table.next.wrapping_add(1);
+        // From here on, in stream order, the device array holds these blocks' addresses.
         self.blocks = lent;
         drop(held);
+        if let Err(e) = self.stream.record(event) {
+            // The staging buffer's event does not cover the copy: wait for the copy before the
+            // buffer can be written again. The wait returns only once the work has finished (or the
+            // context is proven dead, when no copy runs), so its own error changes nothing here.
+            let _ = self.stream.synchronize();
+            return Err(e);
+        }
+        self.table.next = self.table.next.wrapping_add(1);
         Ok(())
     }
 }
