@@ -27,6 +27,8 @@ const BLOCK: (u32, u32, u32) = (256, 1, 1);
 const SPIN: Duration = Duration::from_millis(300);
 /// Values of each block.
 const LEN: usize = 1024;
+/// Steps of the decode loop.
+const STEPS: usize = 6;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -266,6 +268,93 @@ fn a_page_a_table_names_is_released_only_after_the_kernel_that_used_it() {
         [kept, doomed].concat(),
         "the kernel read both blocks"
     );
+    cache.free().unwrap();
+    assert_eq!(free_memory(&ctx), free_at_start, "leaked");
+}
+
+/// A decode loop in one scope, on two streams: each step appends one block (a token's K/V) on
+/// `append`, reads every block of the history back for `attend` (ordered after the appends by the
+/// crate's events), uploads them into the table and gathers them on `attend`; the host never waits
+/// inside the loop. Every step's gather holds exactly the history so far; at the end the sequence's
+/// page is retired and released once the gathers have run, to the byte.
+#[test]
+fn a_decode_loop_appends_on_one_stream_and_gathers_the_history_on_another() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_decode_loop_appends_on_one_stream_and_gathers_the_history_on_another")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let bytes = LEN * 4;
+    let module = gather_module(&ctx);
+    let gather = module.function(c"spin_gather").unwrap();
+    let tokens: Vec<Vec<u32>> = (0..STEPS).map(|t| pattern(LEN, 300 + t as u32)).collect();
+    let uploads: Vec<PinnedBuffer<u32>> = tokens
+        .iter()
+        .map(|t| PinnedBuffer::from_slice(&ctx, t).unwrap())
+        .collect();
+    let mut outs: Vec<DeviceBuffer<u32>> = (1..=STEPS)
+        .map(|k| DeviceBuffer::zeroed(&ctx, k * LEN).unwrap())
+        .collect();
+    let mut out_views: Vec<_> = outs.iter_mut().map(DeviceBuffer::as_mut_slice).collect();
+    let mut hosts: Vec<PinnedBuffer<u32>> = (1..=STEPS)
+        .map(|k| PinnedBuffer::zeroed(&ctx, k * LEN).unwrap())
+        .collect();
+    let mut table = BlockTable::<u32>::new(&ctx, STEPS, LEN, 2).unwrap();
+    let (append, attend) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    warm_up(&ctx);
+    let free_at_start = free_memory(&ctx);
+    let mut cache = VirtualBuffer::new(2 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+
+    let mut released = 0usize;
+    cuda_vmm::scope(|s| {
+        let (append, attend) = (s.on(&append), s.on(&attend));
+        let kv = cache.in_scope(s);
+        let mut table = table.in_scope(attend);
+        let steps = uploads
+            .iter()
+            .zip(out_views.iter_mut())
+            .zip(hosts.iter_mut());
+        for (step, ((upload, step_out), down)) in steps.enumerate() {
+            let mut slot = kv.write::<u32>(step * bytes..(step + 1) * bytes)?;
+            append.copy_from_host(&mut slot, upload)?;
+            let history = (0..=step)
+                .map(|b| kv.read_back::<u32>(b * bytes..(b + 1) * bytes, attend))
+                .collect::<Result<Vec<_>, _>>()?;
+            table.upload(history)?;
+            let blocks = u32::try_from(step + 1).unwrap();
+            // SAFETY: `spin_gather(u32*, const u32* const*, u32, u32, u64)`: it reads `LEN` values
+            // through each of the first `blocks` addresses and writes `blocks * LEN` values.
+            let (gathered, (), (), (), ()) = unsafe {
+                attend.launch(
+                    &gather,
+                    GRID,
+                    BLOCK,
+                    (step_out, &table, blocks, LEN as u32, 0u64),
+                )?
+            };
+            attend.copy_to_host(down, gathered)?;
+        }
+        assert_eq!(kv.retire(..)?, 1);
+        attend.synchronize()?; // the test's own wait, standing in for time passing
+        append.synchronize()?;
+        released = kv.reclaim()?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        released, 1,
+        "the sequence's page, released after the gathers"
+    );
+    for (step, host) in hosts.iter().enumerate() {
+        assert_eq!(
+            host.to_vec(),
+            tokens[..=step].concat(),
+            "step {step}: the whole history"
+        );
+    }
     cache.free().unwrap();
     assert_eq!(free_memory(&ctx), free_at_start, "leaked");
 }
