@@ -2,8 +2,9 @@
 //! (`BlockTable`), built only from views the scope lent, uploaded by queued work and refreshed
 //! between launches without a host wait; a page a table names, retired while a kernel that uses
 //! the table runs, is released only after that kernel, and the table's next launch is refused with
-//! the page's bytes named. Every test skips visibly without a GPU. The tests take one lock, since
-//! they measure free memory.
+//! the page's bytes named; and a decode loop appends on one stream and gathers the whole history,
+//! read back block by block, through the table on another. Every test skips visibly without a GPU.
+//! The tests take one lock, since they measure free memory.
 
 mod common;
 
