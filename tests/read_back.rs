@@ -2,7 +2,8 @@
 //! `ScopedBuffer` are read back as one view (`ScopedBuffer::read_back`), ordered after every write,
 //! on the writer's stream or on another one behind an event the crate records; the write claims end
 //! there, so the writes' handles are refused afterwards, with the bytes named; and a freed block is
-//! lent again for writing (`ScopedBuffer::reuse`) behind its last reader. Every test skips visibly
+//! lent again for writing (`ScopedBuffer::reuse`) behind its last reader, also by 16 threads at
+//! once. Every test skips visibly
 //! without a GPU. The tests take one lock, since they time kernels.
 
 mod common;
@@ -294,5 +295,79 @@ fn a_freed_block_is_reused_behind_its_last_reader() {
         refused_out.iter().all(|&v| v == 0),
         "the refused download ran"
     );
+    cache.free().unwrap();
+}
+
+/// Sixteen threads share one scoped buffer in one scope, each with its own stream and page: every
+/// round a thread writes its block on its stream (a first write, then a reuse of the block), reads
+/// it back for its neighbour's stream, where a download reads it, and the next round's reuse
+/// orders the new write after that download. Twenty rounds each; every download holds its round's
+/// bytes, and the pages are retired and released at the end.
+#[test]
+fn sixteen_threads_write_read_back_and_reuse_in_one_scope() {
+    const THREADS: usize = 16;
+    const ROUNDS: usize = 20;
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("sixteen_threads_write_read_back_and_reuse_in_one_scope")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let n = 1024usize;
+    let block = n * 4;
+    let inputs: Vec<PinnedBuffer<u32>> = (0..THREADS * ROUNDS)
+        .map(|i| PinnedBuffer::from_slice(&ctx, &pattern(n, 13 * i as u32)).unwrap())
+        .collect();
+    let mut outputs: Vec<PinnedBuffer<u32>> = (0..THREADS * ROUNDS)
+        .map(|_| PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap())
+        .collect();
+    let streams: Vec<Stream> = (0..THREADS).map(|_| Stream::new(&ctx).unwrap()).collect();
+    let mut cache = VirtualBuffer::new(THREADS * g, &[device], ReadWrite).unwrap();
+
+    cuda_vmm::scope(|s| {
+        let kv = cache.in_scope(s);
+        let mut chunks: Vec<&mut [PinnedBuffer<u32>]> = outputs.chunks_mut(ROUNDS).collect();
+        std::thread::scope(|t| {
+            let workers: Vec<_> = chunks
+                .drain(..)
+                .zip(inputs.chunks(ROUNDS))
+                .enumerate()
+                .map(|(i, (outs, ins))| {
+                    let (own, next) = (&streams[i], &streams[(i + 1) % THREADS]);
+                    t.spawn(move || -> Result<(), Error> {
+                        let (on, neighbour) = (s.on(own), s.on(next));
+                        let at = kv.grow(device, g)?;
+                        for (round, (out, input)) in outs.iter_mut().zip(ins).enumerate() {
+                            let mut slot = if round == 0 {
+                                kv.write::<u32>(at..at + block)?
+                            } else {
+                                kv.reuse::<u32>(at..at + block, on)?
+                            };
+                            on.copy_from_host(&mut slot, input)?;
+                            let back = kv.read_back::<u32>(at..at + block, neighbour)?;
+                            neighbour.copy_to_host(&mut *out, back)?;
+                        }
+                        assert_eq!(kv.retire(at..at + g)?, 1);
+                        Ok(())
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().expect("a worker panicked"))
+        })
+    })
+    .unwrap();
+    for (i, (out, input)) in outputs.iter().zip(&inputs).enumerate() {
+        assert_eq!(
+            out.to_vec(),
+            input.to_vec(),
+            "thread {} round {}",
+            i / ROUNDS,
+            i % ROUNDS
+        );
+    }
+    cache.reclaim().unwrap();
+    assert_eq!(cache.retired_bytes(), 0, "every retire's work has finished");
     cache.free().unwrap();
 }
