@@ -76,8 +76,8 @@ mod pages;
 mod shared;
 
 pub use buffer::{
-    BufferStats, Evicted, EvictedInFlight, ExportableBuffer, NotRestored, PageInfo, PageOptions,
-    ScopedBuffer, VirtualBuffer,
+    BufferStats, Evicted, EvictedInFlight, ExportableBuffer, Growth, NotRestored, PageInfo,
+    PageOptions, ScopedBuffer, Views, VirtualBuffer,
 };
 pub use granted::GrantedMapping;
 pub use mapping::{OwnedMapping, SharedReservation};

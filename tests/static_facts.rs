@@ -251,6 +251,12 @@ assert_impl_all!(cuda_vmm::stream::HostInFlight<'static, u32>: Send, Sync, Copy)
 assert_impl_all!(cuda_vmm::stream::DeviceInFlight<'static, u32>: Send, Sync, Copy);
 // A block table owns its device array, staging ring and events, like the buffers it is made of.
 assert_impl_all!(cuda_vmm::stream::BlockTable<u32>: Send, Sync);
+// The two halves of a split buffer are one reference each: the growth a `Copy` handle, the views the
+// one source of views while the split lives.
+assert_impl_all!(cuda_vmm::owned::Growth<'static>: Send, Sync, Copy);
+assert_not_impl_any!(cuda_vmm::owned::Views<'static>: Clone, Copy);
+assert_eq_size!(cuda_vmm::owned::Growth<'static>, &cuda_vmm::VirtualBuffer);
+assert_eq_size!(cuda_vmm::owned::Views<'static>, &cuda_vmm::VirtualBuffer);
 assert_not_impl_any!(cuda_vmm::stream::ScopedBlockTable<'static, u32>: Clone, Copy);
 assert_eq_size!(
     cuda_vmm::stream::DeviceInFlight<'static, u32>,

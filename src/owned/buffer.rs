@@ -38,6 +38,7 @@ mod page;
 mod retire;
 mod retiring;
 mod scoped;
+mod split;
 mod table;
 mod views;
 
@@ -45,6 +46,7 @@ pub use evict::{Evicted, NotRestored};
 pub use exportable::ExportableBuffer;
 pub use page::{BufferStats, PageInfo, PageOptions};
 pub use scoped::{EvictedInFlight, ScopedBuffer};
+pub use split::{Growth, Views};
 
 /// What a range out of a buffer's bounds is out of, in errors.
 const BUDGET: &str = "virtual buffer's address budget";

@@ -14,7 +14,10 @@ use crate::vmm::access::{AccessMode, ReadWrite, elements};
 
 impl<M: AccessMode> VirtualBuffer<M> {
     /// `[base + start, base + end)` for a view of `T`s, checked: whole elements, mapped and granted.
-    fn view_range<T>(&self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
+    pub(super) fn view_range<T>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<(u64, usize), Error> {
         let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
         let len = elements::<T>(end - start)?;
         // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
