@@ -190,6 +190,7 @@ pub(super) fn pages_inside<S: Span>(
 /// for writing, its bytes lent for reading, and its stream kept for every later read back.
 #[derive(Debug)]
 pub(super) struct Claims<S = StreamId> {
+    /// Sorted by address, disjoint (a write claim shares no byte with another, read back or not).
     writes: Vec<WriteClaim<S>>,
     /// Sorted, disjoint, merged where they touch.
     reads: Vec<(usize, usize)>,
@@ -233,15 +234,29 @@ pub(super) const WRITTEN: &str = "were written in this scope: read them back \
      (`ScopedBuffer::read_back`), which orders the read after the write";
 
 impl<S: Copy + Eq> Claims<S> {
+    /// The indices of the write claims (sorted, disjoint) that share a byte with `[start, end)`.
+    fn writes_over(&self, start: usize, end: usize) -> Range<usize> {
+        let first = self.writes.partition_point(|w| w.end <= start);
+        let last = self.writes.partition_point(|w| w.start < end).max(first);
+        first..last
+    }
+
+    /// The write claims that share a byte with `[start, end)`, in address order.
+    fn writes_in(&self, start: usize, end: usize) -> &[WriteClaim<S>] {
+        self.writes
+            .get(self.writes_over(start, end))
+            .unwrap_or_default()
+    }
+
     /// Claims `[start, end)` for reading: refused where a write claim shares a byte, settled or not
     /// (a plain read names no stream to order after the write).
     pub(super) fn read(&mut self, start: usize, end: usize) -> Result<(), Error> {
         if start >= end {
             return Ok(());
         }
-        for w in &self.writes {
+        if let Some(w) = self.writes_in(start, end).first() {
             let problem = if w.settled { WRITTEN } else { LENT_FOR_WRITING };
-            shared_with(&[(w.start, w.end)], start, end, problem)?;
+            return Err(shared(w, start, end, problem));
         }
         self.add_read(start, end);
         Ok(())
@@ -260,26 +275,35 @@ impl<S: Copy + Eq> Claims<S> {
         self.reads.splice(first..last.max(first), [merged]);
     }
 
+    /// Adds a write claim of `[start, end)`, which shares no byte with another, in address order.
+    fn add_write(&mut self, start: usize, end: usize, stream: Option<S>) {
+        let at = self.writes.partition_point(|w| w.start < start);
+        self.writes.insert(
+            at,
+            WriteClaim {
+                start,
+                end,
+                stream,
+                settled: false,
+            },
+        );
+    }
+
     /// Claims `[start, end)` for writing: refused where any claim shares a byte.
     pub(super) fn write(&mut self, start: usize, end: usize) -> Result<(), Error> {
         if start >= end {
             return Ok(());
         }
-        for w in &self.writes {
+        if let Some(w) = self.writes_in(start, end).first() {
             let problem = if w.settled {
                 "were written and read back in this scope: retire them before writing again"
             } else {
                 "are lent for writing"
             };
-            shared_with(&[(w.start, w.end)], start, end, problem)?;
+            return Err(shared(w, start, end, problem));
         }
         shared_with(&self.reads, start, end, "are lent for reading")?;
-        self.writes.push(WriteClaim {
-            start,
-            end,
-            stream: None,
-            settled: false,
-        });
+        self.add_write(start, end, None);
         Ok(())
     }
 
@@ -290,16 +314,13 @@ impl<S: Copy + Eq> Claims<S> {
         if start >= end {
             return Ok(());
         }
-        match self
-            .writes
-            .iter_mut()
-            .find(|w| !w.settled && w.start <= start && w.end >= end)
-        {
-            Some(claim) => {
+        let at = self.writes.partition_point(|w| w.end <= start);
+        match self.writes.get_mut(at) {
+            Some(claim) if !claim.settled && claim.start <= start && claim.end >= end => {
                 claim.stream = Some(stream);
                 Ok(())
             }
-            None => Err(Error::PageRange {
+            _ => Err(Error::PageRange {
                 start,
                 end,
                 problem: "are no longer lent for writing: read back (`ScopedBuffer::read_back`) \
@@ -316,11 +337,10 @@ impl<S: Copy + Eq> Claims<S> {
         if start >= end {
             return Ok(Vec::new());
         }
-        let shares = |w: &WriteClaim<S>| w.start < end && w.end > start;
         if let Some(w) = self
-            .writes
+            .writes_in(start, end)
             .iter()
-            .find(|w| !w.settled && shares(w) && (w.start < start || w.end > end))
+            .find(|w| !w.settled && (w.start < start || w.end > end))
         {
             return Err(Error::PageRange {
                 start: w.start,
@@ -329,7 +349,8 @@ impl<S: Copy + Eq> Claims<S> {
             });
         }
         let mut streams = Vec::new();
-        for w in self.writes.iter_mut().filter(|w| shares(w)) {
+        let over = self.writes_over(start, end);
+        for w in self.writes.get_mut(over).into_iter().flatten() {
             w.settled = true;
             if let Some(stream) = w.stream
                 && !streams.contains(&stream)
@@ -357,9 +378,9 @@ impl<S: Copy + Eq> Claims<S> {
             return Ok(());
         }
         if let Some(w) = self
-            .writes
+            .writes_in(start, end)
             .iter()
-            .find(|w| w.start < end && w.end > start && (w.start < start || w.end > end))
+            .find(|w| w.start < start || w.end > end)
         {
             return Err(Error::PageRange {
                 start: w.start,
@@ -370,22 +391,19 @@ impl<S: Copy + Eq> Claims<S> {
         self.forget(start, end);
         let at = self.fences.partition_point(|f| f.0 < start);
         self.fences.insert(at, (start, end, epoch));
-        self.writes.push(WriteClaim {
-            start,
-            end,
-            stream: Some(stream),
-            settled: false,
-        });
+        self.add_write(start, end, Some(stream));
         Ok(())
     }
 
     /// `Ok` where no byte of `[start, end)` was lent again for writing after a handle made at
     /// `epoch`; else the first such bytes, named.
     pub(super) fn check_fresh(&self, start: usize, end: usize, epoch: u64) -> Result<(), Error> {
-        match self
-            .fences
+        let first = self.fences.partition_point(|f| f.1 <= start);
+        let fences = self.fences.get(first..).unwrap_or_default();
+        match fences
             .iter()
-            .find(|f| f.0 < end && f.1 > start && f.2 > epoch)
+            .take_while(|f| f.0 < end)
+            .find(|f| f.1 > start && f.2 > epoch)
         {
             Some(f) => Err(Error::PageRange {
                 start: f.0.max(start),
@@ -399,7 +417,8 @@ impl<S: Copy + Eq> Claims<S> {
     /// Forgets the claims on `[start, end)`, retired: write claims that share a byte go (their
     /// memory can no longer be lent), read claims and reuses lose those bytes.
     pub(super) fn forget(&mut self, start: usize, end: usize) {
-        self.writes.retain(|w| w.end <= start || w.start >= end);
+        let over = self.writes_over(start, end);
+        self.writes.drain(over);
         self.reads = cut(&self.reads, start, end, |&(s, e)| (s, e), |_, s, e| (s, e));
         self.fences = cut(
             &self.fences,
@@ -415,6 +434,15 @@ impl<S: Copy + Eq> Claims<S> {
         self.writes.clear();
         self.reads.clear();
         self.fences.clear();
+    }
+}
+
+/// The error naming the bytes `[start, end)` shares with the write claim `w`.
+fn shared<S>(w: &WriteClaim<S>, start: usize, end: usize, problem: &'static str) -> Error {
+    Error::PageRange {
+        start: w.start.max(start),
+        end: w.end.min(end),
+        problem,
     }
 }
 
