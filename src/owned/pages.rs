@@ -419,9 +419,15 @@ impl<S: Copy + Eq> Claims<S> {
     pub(super) fn forget(&mut self, start: usize, end: usize) {
         let over = self.writes_over(start, end);
         self.writes.drain(over);
-        self.reads = cut(&self.reads, start, end, |&(s, e)| (s, e), |_, s, e| (s, e));
-        self.fences = cut(
-            &self.fences,
+        cut(
+            &mut self.reads,
+            start,
+            end,
+            |&(s, e)| (s, e),
+            |_, s, e| (s, e),
+        );
+        cut(
+            &mut self.fences,
             start,
             end,
             |f| (f.0, f.1),
@@ -446,30 +452,31 @@ fn shared<S>(w: &WriteClaim<S>, start: usize, end: usize, problem: &'static str)
     }
 }
 
-/// `ranges` (sorted, disjoint; `bounds` gives each one's `[start, end)`) less the bytes
-/// `[start, end)`: a range cut by it keeps its parts outside, remade by `part`.
+/// Takes the bytes `[start, end)` out of `ranges` (sorted, disjoint; `bounds` gives each one's
+/// `[start, end)`): a range cut by it keeps its parts outside, remade by `part`. Only the ranges
+/// that share a byte with it are touched.
 fn cut<R>(
-    ranges: &[R],
+    ranges: &mut Vec<R>,
     start: usize,
     end: usize,
     bounds: impl Fn(&R) -> (usize, usize),
     part: impl Fn(&R, usize, usize) -> R,
-) -> Vec<R> {
-    let mut kept = Vec::with_capacity(ranges.len().saturating_add(1));
-    for r in ranges {
-        let (s, e) = bounds(r);
-        if e <= start || s >= end {
-            kept.push(part(r, s, e));
-            continue;
-        }
-        if s < start {
-            kept.push(part(r, s, start));
-        }
-        if e > end {
-            kept.push(part(r, end, e));
-        }
+) {
+    let first = ranges.partition_point(|r| bounds(r).1 <= start);
+    let last = ranges.partition_point(|r| bounds(r).0 < end).max(first);
+    let inside = ranges.get(first..last).unwrap_or_default();
+    let mut kept = Vec::with_capacity(2);
+    if let Some(r) = inside.first()
+        && bounds(r).0 < start
+    {
+        kept.push(part(r, bounds(r).0, start));
     }
-    kept
+    if let Some(r) = inside.last()
+        && bounds(r).1 > end
+    {
+        kept.push(part(r, end, bounds(r).1));
+    }
+    ranges.splice(first..last, kept);
 }
 
 /// `Err` naming the bytes `[start, end)` shares with one of `claims`.
