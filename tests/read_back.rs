@@ -4,8 +4,8 @@
 //! there, so the writes' handles are refused afterwards, with the bytes named; and a freed block is
 //! lent again for writing (`ScopedBuffer::reuse`) behind its last reader, also by 16 threads at
 //! once; and 10 000 rounds of these paths and block tables, with faults injected, leak nothing.
-//! Every test skips visibly
-//! without a GPU. The tests take one lock, since they time kernels.
+//! Every test skips visibly without a GPU. The tests take one lock, since they time kernels and
+//! measure free memory.
 
 mod common;
 
