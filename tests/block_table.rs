@@ -3,7 +3,8 @@
 //! between launches without a host wait; a page a table names, retired while a kernel that uses
 //! the table runs, is released only after that kernel, and the table's next launch is refused with
 //! the page's bytes named; and a decode loop appends on one stream and gathers the whole history,
-//! read back block by block, through the table on another. Every test skips visibly without a GPU.
+//! read back block by block, through the table on another; a kernel writes blocks through a table
+//! of `Rewritable`s, read back on another stream. Every test skips visibly without a GPU.
 //! The tests take one lock, since they measure free memory.
 
 mod common;
@@ -358,4 +359,81 @@ fn a_decode_loop_appends_on_one_stream_and_gathers_the_history_on_another() {
     }
     cache.free().unwrap();
     assert_eq!(free_memory(&ctx), free_at_start, "leaked");
+}
+
+/// `scatter(u32 *const *table, const u32 *src, u32 blocks, u32 len)`: `table[b][i] = src[b * len + i]`.
+const SCATTER_PTX: &str = include_str!("../examples/kernels/scatter.ptx");
+
+/// A kernel writes three blocks of a scoped buffer through a table of their `Rewritable`s
+/// (`upload_mut`), on one stream; the blocks are read back for another stream, whose downloads see
+/// the kernel's values (the read back is ordered after the table's stream). Once read back, the
+/// table's next launch is refused, naming a block's bytes.
+#[test]
+fn a_kernel_writes_blocks_through_a_table_and_they_are_read_back_elsewhere() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_kernel_writes_blocks_through_a_table_and_they_are_read_back_elsewhere")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let bytes = LEN * 4;
+    let module = Module::load_ptx(
+        &ctx,
+        &CString::new(SCATTER_PTX).expect("PTX has no NUL byte"),
+    )
+    .unwrap();
+    let scatter = module.function(c"scatter").unwrap();
+    let data = pattern(3 * LEN, 83);
+    let input = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+    let mut src = DeviceBuffer::<u32>::zeroed(&ctx, 3 * LEN).unwrap();
+    let mut src_view = src.as_mut_slice();
+    let mut downloads: Vec<PinnedBuffer<u32>> = (0..3)
+        .map(|_| PinnedBuffer::zeroed(&ctx, LEN).unwrap())
+        .collect();
+    let mut table = BlockTable::<u32>::new(&ctx, 3, LEN, 2).unwrap();
+    let (work, down) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut cache = VirtualBuffer::new(2 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+
+    cuda_vmm::scope(|s| {
+        let (w, d) = (s.on(&work), s.on(&down));
+        let kv = cache.in_scope(s);
+        let uploaded = w.copy_from_host(&mut src_view, &input)?;
+        // Blocks 2, 0 and 5 of the page, in that order.
+        let slots = [2usize, 0, 5]
+            .map(|b| kv.write::<u32>(b * bytes..(b + 1) * bytes))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut table = table.in_scope(w);
+        table.upload_mut(slots)?;
+        // SAFETY: `scatter(u32* const*, const u32*, u32, u32)`: it writes `LEN` values through each
+        // of the table's 3 writable blocks and reads `3 * LEN` values of `src`.
+        unsafe { w.launch(&scatter, GRID, BLOCK, (&table, uploaded, 3u32, LEN as u32))? };
+        for (b, download) in [2usize, 0, 5].into_iter().zip(downloads.iter_mut()) {
+            let back = kv.read_back::<u32>(b * bytes..(b + 1) * bytes, d)?;
+            d.copy_to_host(download, back)?;
+        }
+        // SAFETY: as above; refused before the launch.
+        match unsafe { w.launch(&scatter, GRID, BLOCK, (&table, uploaded, 3u32, LEN as u32)) } {
+            Err(Error::PageRange { start, end, .. }) => {
+                assert_eq!(
+                    (start, end),
+                    (2 * bytes, 3 * bytes),
+                    "the first block, named"
+                );
+            }
+            other => panic!("a write through a table of blocks read back: {other:?}"),
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (i, download) in downloads.iter().enumerate() {
+        assert_eq!(
+            download.to_vec(),
+            data[i * LEN..(i + 1) * LEN],
+            "block {i} of the table, as the kernel wrote it"
+        );
+    }
+    cache.free().unwrap();
 }

@@ -14,9 +14,10 @@ use crate::view::{DeviceBuffer, DeviceSlice};
 
 use super::event::Event;
 use super::launch::{KernelArg, Param};
-use super::lend::{Origin, ScopedRead, reachable, sealed};
+use super::lend::{Origin, ScopedRead, ScopedWrite, lend_mut, reachable, sealed};
 use super::pinned::PinnedBuffer;
 use super::queue::Queue;
+use super::rewritable::Rewritable;
 use super::scope::ScopedStream;
 #[cfg(doc)]
 use super::{lend::DeviceInFlight, scope::scope};
@@ -30,7 +31,9 @@ use super::{lend::DeviceInFlight, scope::scope};
 /// - **Built only from lent views.** [`ScopedBlockTable::upload`] takes read-only lendables
 ///   ([`ScopedRead`]: a [`DeviceInFlight`] of a write or of a scoped buffer's range, a view borrowed
 ///   for the scope), each lent to the table's stream as a copy or a launch would lend it, and each
-///   exactly `block_len` values long: no raw address enters the table.
+///   exactly `block_len` values long: no raw address enters the table. Blocks the kernels write
+///   ([`ScopedBlockTable::upload_mut`]) are a scoped buffer's [`Rewritable`]s, lent for writing and
+///   taken by the table.
 /// - **Uploaded by queued work.** The addresses are written into pinned staging memory and copied
 ///   into the device array by `cuMemcpyHtoDAsync` on the table's stream, so a kernel queued after it
 ///   on that stream reads them. The staging memory is a ring of `depth` buffers, each reused only once
@@ -47,7 +50,8 @@ use super::{lend::DeviceInFlight, scope::scope};
 ///   after it; so is a capture into a graph.
 ///
 /// The kernel's contract (the launch's `# Safety`) gains one line: it reads at most `block_len`
-/// values through each of the first `len` addresses, and writes none.
+/// values through each of the first `len` addresses, and writes none, unless the last upload was
+/// [`upload_mut`](ScopedBlockTable::upload_mut)'s (then it may write them too).
 ///
 /// # Examples
 /// ```no_run
@@ -178,6 +182,7 @@ impl<T: Pod> BlockTable<T> {
             table: self,
             stream,
             blocks: Vec::new(),
+            written: false,
         }
     }
 }
@@ -193,6 +198,8 @@ pub struct ScopedBlockTable<'scope, T> {
     stream: ScopedStream<'scope>,
     /// The views of the last upload, each admitted again at every launch.
     blocks: Vec<(DeviceSlice<'scope, T>, Option<Origin<'scope>>)>,
+    /// Whether the last upload lent its blocks for writing ([`upload_mut`](ScopedBlockTable::upload_mut)).
+    written: bool,
 }
 
 impl<T> fmt::Debug for ScopedBlockTable<'_, T> {
@@ -239,36 +246,98 @@ impl<'scope, T: Pod> ScopedBlockTable<'scope, T> {
         blocks: impl IntoIterator<Item = V>,
     ) -> Result<(), Error> {
         let token = Queue::token(&self.stream);
-        let device = self.table.device();
-        if self.stream.device() != device {
-            return Err(Error::DeviceMismatch {
-                expected: self.stream.device().as_raw(),
-                found: device.as_raw(),
-            });
-        }
-        let capacity = self.table.capacity();
+        let device = self.checked_device()?;
         let mut lent = Vec::new();
         let mut held = Vec::new();
         for block in blocks {
-            if lent.len() == capacity {
-                return Err(Error::OutOfBounds {
-                    what: "block table",
-                    start: 0,
-                    end: capacity.saturating_add(1),
-                    len: capacity,
-                });
-            }
+            self.check_room(lent.len())?;
             block.check_reach(device)?;
             let (view, origin, counted) = block.lend(token)?.into_parts();
-            if view.len() != self.table.block_len {
-                return Err(Error::LengthMismatch {
-                    expected: self.table.block_len,
-                    found: view.len(),
-                });
-            }
+            self.check_len(view.len())?;
             lent.push((view, origin));
             held.push(counted);
         }
+        self.queue_upload(lent, held, false)
+    }
+
+    /// As [`upload`](ScopedBlockTable::upload), for blocks the kernels write: each a
+    /// [`Rewritable`] of a scoped buffer, lent for writing to the table's stream (refused where it
+    /// is bound to another, [`Error::StreamRefused`]) and taken by the table, so that no other work
+    /// writes it; every launch admits each again as a write lend, so a block read
+    /// back (`ScopedBuffer::read_back`) or reused since is
+    /// refused, and a read back of it is ordered after the table's stream. The kernel may write at
+    /// most `block_len` values through each of the first `len` addresses.
+    ///
+    /// # Errors
+    /// As [`upload`](ScopedBlockTable::upload).
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub fn upload_mut(
+        &mut self,
+        blocks: impl IntoIterator<Item = Rewritable<'scope, T>>,
+    ) -> Result<(), Error> {
+        let token = Queue::token(&self.stream);
+        let device = self.checked_device()?;
+        let mut lent = Vec::new();
+        let mut held = Vec::new();
+        for mut block in blocks {
+            self.check_room(lent.len())?;
+            ScopedWrite::check_reach(&&mut block, device)?;
+            let (view, origin, counted) = lend_mut(&mut block, token)?.into_parts();
+            self.check_len(view.len())?;
+            lent.push((view, origin));
+            held.push(counted);
+        }
+        self.queue_upload(lent, held, true)
+    }
+
+    /// The table's device, which must be its stream's.
+    fn checked_device(&self) -> Result<Device, Error> {
+        let device = self.table.device();
+        if self.stream.device() == device {
+            Ok(device)
+        } else {
+            Err(Error::DeviceMismatch {
+                expected: self.stream.device().as_raw(),
+                found: device.as_raw(),
+            })
+        }
+    }
+
+    /// `Ok` where one more block than `count` fits.
+    fn check_room(&self, count: usize) -> Result<(), Error> {
+        let capacity = self.table.capacity();
+        if count < capacity {
+            Ok(())
+        } else {
+            Err(Error::OutOfBounds {
+                what: "block table",
+                start: 0,
+                end: capacity.saturating_add(1),
+                len: capacity,
+            })
+        }
+    }
+
+    /// `Ok` where a view of `len` values is one block long.
+    fn check_len(&self, len: usize) -> Result<(), Error> {
+        if len == self.table.block_len {
+            Ok(())
+        } else {
+            Err(Error::LengthMismatch {
+                expected: self.table.block_len,
+                found: len,
+            })
+        }
+    }
+
+    /// Queues the upload of the addresses of `lent` (lent for writing where `written`), whose lends
+    /// are counted in `held` until the copy is queued.
+    fn queue_upload(
+        &mut self,
+        lent: Vec<(DeviceSlice<'scope, T>, Option<Origin<'scope>>)>,
+        held: Vec<sealed::Counted<'scope>>,
+        written: bool,
+    ) -> Result<(), Error> {
         Queue::admit(&self.stream)?;
         let ring = self.table.staging.len();
         let slot = self.table.next % ring;
@@ -300,6 +369,7 @@ impl<'scope, T: Pod> ScopedBlockTable<'scope, T> {
         }
         // From here on, in stream order, the device array holds these blocks' addresses.
         self.blocks = lent;
+        self.written = written;
         drop(held);
         if let Err(e) = self.stream.record(event) {
             // The staging buffer's event does not cover the copy: wait for the copy before the
@@ -340,7 +410,7 @@ impl<'scope, T: Pod> KernelArg<'scope> for &ScopedBlockTable<'scope, T> {
         let mut counted = sealed::Counted(None, Vec::new());
         for (view, origin) in &self.blocks {
             if let Some(origin) = origin {
-                let slot = origin.admit(view, token.stream, false)?;
+                let slot = origin.admit(view, token.stream, self.written)?;
                 counted.1.push((origin.pages, slot));
             }
         }
