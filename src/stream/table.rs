@@ -270,6 +270,49 @@ impl<'scope, T: Pod> ScopedBlockTable<'scope, T> {
     ///
     /// # Errors
     /// As [`upload`](ScopedBlockTable::upload).
+    ///
+    /// # Examples
+    /// A kernel appends one token's K/V into the last block of each of two sequences, through one
+    /// table; the blocks are read back on another stream:
+    /// ```no_run
+    /// use cuda_vmm::stream::BlockTable;
+    /// use cuda_vmm::{Context, Device, Module, PinnedBuffer, ReadWrite, Stream, VirtualBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// # let ptx = c"";
+    /// let device = Device::get(0)?;
+    /// let context = Context::new(device)?;
+    /// let module = Module::load_ptx(&context, ptx)?;
+    /// // scatter(u32 *const *table, const u32 *src, u32 blocks, u32 block_len)
+    /// let scatter = module.function(c"scatter")?;
+    /// let block = 1024; // u32s
+    /// let mut cache = VirtualBuffer::new(1 << 30, &[device], ReadWrite)?;
+    /// let mut table = BlockTable::<u32>::new(&context, 64, block, 2)?;
+    /// let tokens = PinnedBuffer::from_slice(&context, &vec![9u32; 2 * block])?;
+    /// let mut src = cuda_vmm::DeviceBuffer::<u32>::zeroed(&context, 2 * block)?;
+    /// let mut src_view = src.as_mut_slice();
+    /// let mut back = PinnedBuffer::<u32>::zeroed(&context, block)?;
+    /// let (work, other) = (Stream::new(&context)?, Stream::new(&context)?);
+    /// cuda_vmm::scope(|s| {
+    ///     let (work, other) = (s.on(&work), s.on(&other));
+    ///     let cache = cache.in_scope(s);
+    ///     let at = cache.grow(device, 2 << 20)?;
+    ///     let src = work.copy_from_host(&mut src_view, &tokens)?;
+    ///     let first = cache.write::<u32>(at..at + 4 * block)?;
+    ///     let second = cache.write::<u32>(at + 4 * block..at + 8 * block)?;
+    ///     let mut table = table.in_scope(work);
+    ///     table.upload_mut([first, second])?;
+    ///     // SAFETY: `scatter` takes these four parameters, writes `block_len` values through each
+    ///     // of the first `blocks` addresses of the table and reads `blocks * block_len` of `src`.
+    ///     unsafe { work.launch(&scatter, (8, 1, 1), (256, 1, 1), (&table, src, 2u32, block as u32))? };
+    ///     let first = cache.read_back::<u32>(at..at + 4 * block, other)?; // after the kernel
+    ///     other.copy_to_host(&mut back, first)?;
+    ///     Ok(())
+    /// })?;
+    /// assert!(back.iter().all(|&v| v == 9));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn upload_mut(
         &mut self,
