@@ -32,7 +32,8 @@
 //! streams), and does not become a [`DeviceSlice`](crate::DeviceSlice). The host reads the results
 //! after `scope` has returned, through the views and buffers it lent. To write the same memory
 //! again in the scope, lend it as a [`Rewritable`] ([`ScopedStream::rewritable`]), whose writes are
-//! ordered on its stream.
+//! ordered on its stream. A kernel that reads many blocks (a sequence's pages) takes them as one
+//! argument through a [`BlockTable`], built only from lent views and checked at every launch.
 //!
 //! ## Why it is sound, also under `mem::forget`
 //! The wait is in no value the caller holds. `scope` runs its closure, then waits for every stream
@@ -128,6 +129,8 @@ mod rewritable;
 // What is queued: the operations of a scoped stream, and the kernels' arguments.
 mod launch;
 mod queue;
+// A table of block addresses a kernel takes as one argument.
+mod table;
 // Work captured once and replayed.
 mod graph;
 
@@ -139,6 +142,7 @@ pub use lend::{DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead,
 pub use pinned::{PinnedBuffer, PinnedChunks, PinnedSliceMut};
 pub use rewritable::Rewritable;
 pub use scope::{Scope, ScopedStream, scope};
+pub use table::{BlockTable, ScopedBlockTable};
 
 /// A stream of one device's primary context: the work queued on it runs in order, and alongside the
 /// work of other streams. Destroyed on drop (`cuStreamDestroy`).

@@ -2,7 +2,8 @@
 //! device for both libraries (either may drop first: `tests/cudarc_context_drop.rs`); an NVRTC
 //! kernel writing a growing `VirtualBuffer` that cudarc's copy reads back; cuBLAS `sgemm` on VMM
 //! memory; a kernel on GPU 1 reading VMM memory of GPU 0 granted to it; a write queued in
-//! `cuda_vmm::scope` lent on to cudarc; the refusals (another stream, a graph capture) that leave
+//! `cuda_vmm::scope` lent on to cudarc; an NVRTC kernel queued on a stream of `cuda_vmm::scope` with
+//! the crate's typed arguments; the refusals (another stream, a graph capture) that leave
 //! the memory untouched; and the limit the interop does not cover (cudarc's copy into page-locked
 //! memory behind a `&mut [T]` returns before the copy ends). Every test skips visibly without a GPU;
 //! the NVRTC and cuBLAS parts skip visibly, with the reason, where the library cannot be loaded.
@@ -159,6 +160,76 @@ fn nvrtc_kernel_writes_a_growing_buffer_and_cudarc_reads_it_back() -> TestResult
         assert_eq!(host, filled(n, round), "round {round}: {n} values");
         assert_eq!(buffer.base(), base, "the base never moves");
     }
+    Ok(())
+}
+
+/// An NVRTC kernel (a cudarc `CudaFunction`) queued on a stream of `cuda_vmm::scope` with this
+/// crate's typed arguments: it reads an upload through the `DeviceInFlight` of a scoped buffer's
+/// write and writes another range through its `Rewritable`, and a download on the same stream
+/// reads its values. The checks of the crate's own launch hold: an empty grid is refused, and so is
+/// a view of a page retired before the launch, with its bytes named, both before any driver call.
+#[test]
+fn nvrtc_kernel_on_a_scoped_stream_takes_lent_views() -> TestResult {
+    let _serial = serial();
+    let test = "nvrtc_kernel_on_a_scoped_stream_takes_lent_views";
+    let Some(devices) = devices_or_skip(test, 1) else {
+        return Ok(());
+    };
+    let device = devices[0];
+    let ctx = CudaContext::new(device.ordinal())?;
+    let Some(add_one) = kernel_or_skip(test, &ctx, "add_one") else {
+        return Ok(());
+    };
+    let ours = Context::new(device)?;
+    let page = allocation_granularity(device, Granularity::Minimum)?;
+    let n = 4096usize;
+    let (bytes, n32) = (n * 4, u32::try_from(n)?);
+    let data = pattern(n, 11);
+    let input = PinnedBuffer::from_slice(&ours, &data)?;
+    let mut output = PinnedBuffer::<u32>::zeroed(&ours, n)?;
+    let stream = Stream::new(&ours)?;
+    let mut buffer = VirtualBuffer::new(4 * page, &[device], ReadWrite)?;
+    buffer.grow(device, 2 * page)?;
+    cuda_vmm::scope(|s| {
+        let work = s.on(&stream);
+        let kv = buffer.in_scope(s);
+        let mut src = kv.write::<u32>(0..bytes)?;
+        let mut dst = kv.write::<u32>(bytes..2 * bytes)?;
+        let mut gone = kv.write::<u32>(page..page + bytes)?;
+        let uploaded = work.copy_from_host(&mut src, &input)?;
+        let empty = LaunchConfig {
+            grid_dim: (0, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `add_one(unsigned *dst, const unsigned *src, unsigned n)` takes these three, in
+        // this order, and touches `n` values of each view. Refused before the launch.
+        let refused = unsafe { work.launch_cudarc(&add_one, empty, (&mut dst, uploaded, n32)) };
+        assert!(
+            matches!(refused, Err(Error::ZeroSize { .. })),
+            "{refused:?}"
+        );
+        kv.retire(page..2 * page)?;
+        // SAFETY: as above; refused before the launch.
+        let refused =
+            unsafe { work.launch_cudarc(&add_one, config(n), (&mut gone, uploaded, n32)) };
+        match refused {
+            Err(Error::PageRange { start, end, .. }) => assert_eq!((start, end), (page, 2 * page)),
+            other => panic!("a view of a retired page: {other:?}"),
+        }
+        // SAFETY: as above.
+        let (added, (), ()) =
+            unsafe { work.launch_cudarc(&add_one, config(n), (&mut dst, uploaded, n32))? };
+        work.copy_to_host(&mut output, added)?;
+        Ok(())
+    })?;
+    let expected: Vec<u32> = data.iter().map(|v| v.wrapping_add(1)).collect();
+    assert_eq!(
+        output.to_vec(),
+        expected,
+        "the kernel's values, read after it"
+    );
+    buffer.free()?;
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 //! pages of the buffer it reads; kernel arguments changed between scopes; what a capture refuses;
 //! a capture that neither refuses nor is invalidated by another thread's waits; and a graph parked
 //! across an eviction, refused while the range is evicted and replayed after the restore, and one
-//! dropped after its module was unloaded. Every test skips
+//! dropped after its module was unloaded; and a graph writing a claimed page replayed while the
+//! buffer grows (`claim_bytes_mut`). Every test skips
 //! visibly without a GPU. The tests take one lock, since some measure free memory.
 
 mod common;
@@ -823,4 +824,55 @@ fn a_parked_graph_outlives_its_module() {
         "a launch after the parked graph's drop"
     );
     ctx.synchronize().unwrap();
+}
+
+/// A graph that writes a page of a `VirtualBuffer` through the view of a claimed range
+/// (`VirtualBuffer::claim_bytes_mut`) is replayed while the buffer grows: the claim borrows the
+/// buffer shared, so `grow` and `map_page` stay available; each replay counts once in the captured
+/// page, and every page mapped meanwhile is there when the graph is gone.
+#[test]
+fn a_graph_writing_a_page_is_replayed_while_the_buffer_grows() {
+    const REPLAYS: u32 = 8;
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_graph_writing_a_page_is_replayed_while_the_buffer_grows")
+    else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let module = load(&ctx, COUNT_PTX);
+    let count = module.function(c"count").unwrap();
+    let mut stream = Stream::new(&ctx).unwrap();
+    let mut cache = VirtualBuffer::new((REPLAYS as usize + 3) * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+    cache
+        .slice_bytes_mut::<u32>(..4)
+        .unwrap()
+        .copy_from_host(&[0])
+        .unwrap();
+    {
+        let mut claim = cache.claim_bytes_mut::<u32>(..4).unwrap();
+        let mut counter = claim.view();
+        let graph = Graph::capture(&mut stream, |c| {
+            // SAFETY: count(u32*), one value.
+            unsafe { c.launch(&count, (1, 1, 1), (1, 1, 1), (&mut counter,))? };
+            Ok(())
+        })
+        .unwrap();
+        for replay in 1..REPLAYS as usize {
+            let at = cache.grow(device, g).unwrap(); // while the graph lives
+            assert_eq!(at, replay * g);
+            cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        }
+        cache.map_page(cache.end() + g, device, g).unwrap(); // past a hole
+        cuda_vmm::scope(|s| s.on(&stream).launch_graph(&graph)).unwrap();
+        drop(graph);
+        assert_eq!(cache.pages().len(), 1 + REPLAYS as usize);
+    }
+    assert_eq!(
+        cache.slice_bytes::<u32>(..4).unwrap().to_vec().unwrap(),
+        vec![REPLAYS],
+        "each replay counted once in the captured page"
+    );
+    cache.free().unwrap();
 }

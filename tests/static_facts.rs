@@ -247,11 +247,15 @@ assert_impl_all!(cuda_vmm::stream::HostInFlight<'static, u32>: Send, Sync, Copy)
 // What a queued device write hands back is a `Copy` handle, as the `DeviceSlice` it wraps: the view,
 // and where its memory came from when that memory can be retired while the scope lasts (a scoped
 // buffer's page table and the scope's streams, two trait-object references, and the table's epoch),
-// checked again at every lend.
+// checked again at every lend, and the one stream a range read back is lent to (its context and
+// handle, and the option's tag).
 assert_impl_all!(cuda_vmm::stream::DeviceInFlight<'static, u32>: Send, Sync, Copy);
+// A block table owns its device array, staging ring and events, like the buffers it is made of.
+assert_impl_all!(cuda_vmm::stream::BlockTable<u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::ScopedBlockTable<'static, u32>: Clone, Copy);
 assert_eq_size!(
     cuda_vmm::stream::DeviceInFlight<'static, u32>,
-    (DeviceSlice<'static, u32>, [usize; 5])
+    (DeviceSlice<'static, u32>, [usize; 8])
 );
 // A slot written again and again is exclusive: no copy of it is a second writer. Its read handle, and
 // the scoped buffer it may come from, are `Copy`.

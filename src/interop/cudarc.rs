@@ -132,10 +132,12 @@
 //!   version does not declare would escape the comparison. This crate's own driver calls never go
 //!   through cudarc.
 //!
-//!   Checked with cudarc 0.19.4 (the oldest release it builds with) and 0.19.10 (its tests run
-//!   with 0.19.10 built for CUDA 13.4, on a 13.0 driver); `tests/compat/` builds the feature, and
-//!   `nccl`, beside cudarc 0.19.10 built for CUDA 12.8, 13.0 and 13.4, beside candle's and cubecl's
-//!   cudarc lines, and beside 0.19.4, with no CUDA toolkit installed.
+//!   Checked with cudarc 0.19.10, the oldest release it builds with (the first with
+//!   [`CudaFunction::cu_function`], which [`ScopedStream::launch_cudarc`](crate::stream::ScopedStream::launch_cudarc)
+//!   launches; its tests run with 0.19.10 built for CUDA 13.4, on a 13.0 driver); `tests/compat/`
+//!   builds the feature, and `nccl`, beside cudarc 0.19.10 built for CUDA 12.8, 13.0 and 13.4,
+//!   beside candle's and cubecl's cudarc lines, and in `oldest/` pinned to 0.19.10, with no CUDA
+//!   toolkit installed.
 //!
 //! # Contexts and streams
 //! cudarc's [`CudaContext::new`](::cudarc::driver::CudaContext::new) retains the device's primary
@@ -172,6 +174,7 @@ use crate::sys;
 use crate::view::DeviceSlice;
 use crate::wait;
 
+mod launch;
 mod lent;
 mod state;
 

@@ -8,6 +8,7 @@
 use core::ops::Range;
 
 use crate::error::Error;
+use crate::stream::StreamId;
 use crate::vmm::physical::check_multiple;
 
 /// The bytes a page covers, `[start, end)`, and whether it is granted: what the bookkeeping below
@@ -197,21 +198,86 @@ pub(super) fn pages_inside<S: Span>(
 }
 
 /// The byte ranges of a buffer lent to a scope, `[start, end)`: those lent for writing, each once and
-/// exclusively, and those lent for reading, merged.
-#[derive(Debug, Default)]
-pub(super) struct Claims {
-    writes: Vec<(usize, usize)>,
+/// exclusively, and those lent for reading, merged. A write claim remembers the stream of its last
+/// write lend (`S`, a stream's identity; any `Copy + Eq` stand-in in the unit tests), so that a read
+/// back of its bytes is ordered after that stream; once read back it is *settled*: no longer lent
+/// for writing, its bytes lent for reading, and its stream kept for every later read back.
+#[derive(Debug)]
+pub(super) struct Claims<S = StreamId> {
+    /// Sorted by address, disjoint (a write claim shares no byte with another, read back or not).
+    writes: Vec<WriteClaim<S>>,
     /// Sorted, disjoint, merged where they touch.
     reads: Vec<(usize, usize)>,
+    /// The ranges lent again for writing ([`reuse`](Claims::reuse)), each with the table's count
+    /// when it was: a handle made at an earlier count is refused there. Sorted, disjoint (a later
+    /// reuse replaces the bytes it shares), so bounded by the blocks of the buffer.
+    fences: Vec<(usize, usize, u64)>,
 }
 
-impl Claims {
-    /// Claims `[start, end)` for reading: refused where a write claim shares a byte.
+impl<S> Default for Claims<S> {
+    fn default() -> Self {
+        Claims {
+            writes: Vec::new(),
+            reads: Vec::new(),
+            fences: Vec::new(),
+        }
+    }
+}
+
+/// What bytes lent again for writing are, in errors, to a handle made before.
+pub(super) const REUSED: &str = "were lent again for writing (`ScopedBuffer::reuse`) after this \
+     handle was made";
+
+/// One range lent for writing in a scope, `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WriteClaim<S> {
+    start: usize,
+    end: usize,
+    /// The stream of the last write lend (`None` before the first).
+    stream: Option<S>,
+    /// Read back: no longer lent for writing; its bytes are lent for reading.
+    settled: bool,
+}
+
+/// What a write claim's bytes are, in errors, while they are lent for writing.
+pub(super) const LENT_FOR_WRITING: &str = "are lent for writing: read them back \
+     (`ScopedBuffer::read_back`), which orders the read after the write, or retire them";
+
+/// What a settled write claim's bytes are, in errors, to a plain read.
+pub(super) const WRITTEN: &str = "were written in this scope: read them back \
+     (`ScopedBuffer::read_back`), which orders the read after the write";
+
+impl<S: Copy + Eq> Claims<S> {
+    /// The indices of the write claims (sorted, disjoint) that share a byte with `[start, end)`.
+    fn writes_over(&self, start: usize, end: usize) -> Range<usize> {
+        let first = self.writes.partition_point(|w| w.end <= start);
+        let last = self.writes.partition_point(|w| w.start < end).max(first);
+        first..last
+    }
+
+    /// The write claims that share a byte with `[start, end)`, in address order.
+    fn writes_in(&self, start: usize, end: usize) -> &[WriteClaim<S>] {
+        self.writes
+            .get(self.writes_over(start, end))
+            .unwrap_or_default()
+    }
+
+    /// Claims `[start, end)` for reading: refused where a write claim shares a byte, settled or not
+    /// (a plain read names no stream to order after the write).
     pub(super) fn read(&mut self, start: usize, end: usize) -> Result<(), Error> {
         if start >= end {
             return Ok(());
         }
-        shared_with(&self.writes, start, end, "are lent for writing")?;
+        if let Some(w) = self.writes_in(start, end).first() {
+            let problem = if w.settled { WRITTEN } else { LENT_FOR_WRITING };
+            return Err(shared(w, start, end, problem));
+        }
+        self.add_read(start, end);
+        Ok(())
+    }
+
+    /// Adds `[start, end)` to the read claims, merged.
+    fn add_read(&mut self, start: usize, end: usize) {
         let first = self.reads.partition_point(|r| r.1 < start);
         let last = self.reads.partition_point(|r| r.0 <= end);
         let merged = self
@@ -221,7 +287,20 @@ impl Claims {
             .iter()
             .fold((start, end), |(s, e), r| (s.min(r.0), e.max(r.1)));
         self.reads.splice(first..last.max(first), [merged]);
-        Ok(())
+    }
+
+    /// Adds a write claim of `[start, end)`, which shares no byte with another, in address order.
+    fn add_write(&mut self, start: usize, end: usize, stream: Option<S>) {
+        let at = self.writes.partition_point(|w| w.start < start);
+        self.writes.insert(
+            at,
+            WriteClaim {
+                start,
+                end,
+                stream,
+                settled: false,
+            },
+        );
     }
 
     /// Claims `[start, end)` for writing: refused where any claim shares a byte.
@@ -229,37 +308,189 @@ impl Claims {
         if start >= end {
             return Ok(());
         }
-        shared_with(&self.writes, start, end, "are lent for writing")?;
+        if let Some(w) = self.writes_in(start, end).first() {
+            let problem = if w.settled {
+                "were written and read back in this scope: retire them before writing again"
+            } else {
+                "are lent for writing"
+            };
+            return Err(shared(w, start, end, problem));
+        }
         shared_with(&self.reads, start, end, "are lent for reading")?;
-        self.writes.push((start, end));
+        self.add_write(start, end, None);
         Ok(())
     }
 
-    /// Forgets the claims on `[start, end)`, retired: write claims that share a byte go (their
-    /// memory can no longer be lent), read claims lose those bytes.
-    pub(super) fn forget(&mut self, start: usize, end: usize) {
-        self.writes.retain(|w| w.1 <= start || w.0 >= end);
-        let mut kept = Vec::with_capacity(self.reads.len().saturating_add(1));
-        for &(s, e) in &self.reads {
-            if e <= start || s >= end {
-                kept.push((s, e));
-                continue;
+    /// A write lend of `[start, end)` to work on `stream`: `Ok` where a write claim, not read back,
+    /// holds every byte of it, which then remembers `stream`. A range read back or retired since it
+    /// was lent is refused, naming it.
+    pub(super) fn wrote(&mut self, start: usize, end: usize, stream: S) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        let at = self.writes.partition_point(|w| w.end <= start);
+        match self.writes.get_mut(at) {
+            Some(claim) if !claim.settled && claim.start <= start && claim.end >= end => {
+                claim.stream = Some(stream);
+                Ok(())
             }
-            if s < start {
-                kept.push((s, start));
-            }
-            if e > end {
-                kept.push((end, e));
+            _ => Err(Error::PageRange {
+                start,
+                end,
+                problem: "are no longer lent for writing: read back (`ScopedBuffer::read_back`) \
+                          or retired since",
+            }),
+        }
+    }
+
+    /// Reads `[start, end)` back: every write claim sharing a byte with it is settled (refused
+    /// where one reaches past either end of the range, before any change), the range is claimed for
+    /// reading, and the streams of the last write lends of every write claim sharing a byte,
+    /// settled before or now, are returned, each once: the streams the read is ordered after.
+    pub(super) fn read_back(&mut self, start: usize, end: usize) -> Result<Vec<S>, Error> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        if let Some(w) = self
+            .writes_in(start, end)
+            .iter()
+            .find(|w| !w.settled && (w.start < start || w.end > end))
+        {
+            return Err(Error::PageRange {
+                start: w.start,
+                end: w.end,
+                problem: "are lent for writing past an end of the range: read a write back whole",
+            });
+        }
+        let mut streams = Vec::new();
+        let over = self.writes_over(start, end);
+        for w in self.writes.get_mut(over).into_iter().flatten() {
+            w.settled = true;
+            if let Some(stream) = w.stream
+                && !streams.contains(&stream)
+            {
+                streams.push(stream);
             }
         }
-        self.reads = kept;
+        self.add_read(start, end);
+        Ok(streams)
+    }
+
+    /// Lends `[start, end)` again for writing, to work on `stream`, at the table's count `epoch`
+    /// (later than every handle's so far): every claim on it is forgotten, every handle of its
+    /// bytes made before is refused from now on ([`check_fresh`](Claims::check_fresh)), and it is
+    /// claimed for writing. Refused, before any change, where a write claim (read back or not)
+    /// reaches past either end.
+    pub(super) fn reuse(
+        &mut self,
+        start: usize,
+        end: usize,
+        epoch: u64,
+        stream: S,
+    ) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
+        if let Some(w) = self
+            .writes_in(start, end)
+            .iter()
+            .find(|w| w.start < start || w.end > end)
+        {
+            return Err(Error::PageRange {
+                start: w.start,
+                end: w.end,
+                problem: "were lent for writing past an end of the range: reuse a block whole",
+            });
+        }
+        self.forget(start, end);
+        let at = self.fences.partition_point(|f| f.0 < start);
+        self.fences.insert(at, (start, end, epoch));
+        self.add_write(start, end, Some(stream));
+        Ok(())
+    }
+
+    /// `Ok` where no byte of `[start, end)` was lent again for writing after a handle made at
+    /// `epoch`; else the first such bytes, named.
+    pub(super) fn check_fresh(&self, start: usize, end: usize, epoch: u64) -> Result<(), Error> {
+        let first = self.fences.partition_point(|f| f.1 <= start);
+        let fences = self.fences.get(first..).unwrap_or_default();
+        match fences
+            .iter()
+            .take_while(|f| f.0 < end)
+            .find(|f| f.1 > start && f.2 > epoch)
+        {
+            Some(f) => Err(Error::PageRange {
+                start: f.0.max(start),
+                end: f.1.min(end),
+                problem: REUSED,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Forgets the claims on `[start, end)`, retired: write claims that share a byte go (their
+    /// memory can no longer be lent), read claims and reuses lose those bytes.
+    pub(super) fn forget(&mut self, start: usize, end: usize) {
+        let over = self.writes_over(start, end);
+        self.writes.drain(over);
+        cut(
+            &mut self.reads,
+            start,
+            end,
+            |&(s, e)| (s, e),
+            |_, s, e| (s, e),
+        );
+        cut(
+            &mut self.fences,
+            start,
+            end,
+            |f| (f.0, f.1),
+            |f, s, e| (s, e, f.2),
+        );
     }
 
     /// Forgets every claim (the scope that held them has ended).
     pub(super) fn clear(&mut self) {
         self.writes.clear();
         self.reads.clear();
+        self.fences.clear();
     }
+}
+
+/// The error naming the bytes `[start, end)` shares with the write claim `w`.
+fn shared<S>(w: &WriteClaim<S>, start: usize, end: usize, problem: &'static str) -> Error {
+    Error::PageRange {
+        start: w.start.max(start),
+        end: w.end.min(end),
+        problem,
+    }
+}
+
+/// Takes the bytes `[start, end)` out of `ranges` (sorted, disjoint; `bounds` gives each one's
+/// `[start, end)`): a range cut by it keeps its parts outside, remade by `part`. Only the ranges
+/// that share a byte with it are touched.
+fn cut<R>(
+    ranges: &mut Vec<R>,
+    start: usize,
+    end: usize,
+    bounds: impl Fn(&R) -> (usize, usize),
+    part: impl Fn(&R, usize, usize) -> R,
+) {
+    let first = ranges.partition_point(|r| bounds(r).1 <= start);
+    let last = ranges.partition_point(|r| bounds(r).0 < end).max(first);
+    let inside = ranges.get(first..last).unwrap_or_default();
+    let mut kept = Vec::with_capacity(2);
+    if let Some(r) = inside.first()
+        && bounds(r).0 < start
+    {
+        kept.push(part(r, bounds(r).0, start));
+    }
+    if let Some(r) = inside.last()
+        && bounds(r).1 > end
+    {
+        kept.push(part(r, end, bounds(r).1));
+    }
+    ranges.splice(first..last, kept);
 }
 
 /// `Err` naming the bytes `[start, end)` shares with one of `claims`.

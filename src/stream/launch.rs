@@ -15,7 +15,7 @@ use super::scope::ScopedStream;
 
 /// What [`KernelArg::into_param`] gives: the parameter, the launch's output, the count of a lend in
 /// progress and the bytes of the view.
-type Param<'scope, A> = (
+pub(super) type Param<'scope, A> = (
     <A as KernelArg<'scope>>::Param,
     <A as KernelArg<'scope>>::Output,
     sealed::Counted<'scope>,
@@ -52,7 +52,7 @@ impl<T: Pod> KernelArg<'_> for T {
         Ok(())
     }
     fn into_param(self, _: sealed::Token) -> Result<Param<'static, Self>, Error> {
-        Ok((self, (), sealed::Counted(None), None))
+        Ok((self, (), sealed::Counted(None, Vec::new()), None))
     }
 }
 

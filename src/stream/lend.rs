@@ -155,12 +155,33 @@ pub struct DeviceInFlight<'scope, T> {
     /// Where the memory can leave while the scope lasts (a range of a scoped buffer, which can be
     /// retired): checked again at every lend. `None` for memory borrowed for the whole scope.
     origin: Option<Origin<'scope>>,
+    /// The one stream whose work may read it, where the crate ordered that stream after the writes
+    /// (a scoped buffer's range read back); `None` where the caller orders the reads.
+    stream: Option<StreamId>,
 }
 
 impl<'scope, T> DeviceInFlight<'scope, T> {
     /// `view`, lent to queued work only; `origin` where its memory can leave while the scope lasts.
     pub(crate) fn new(view: DeviceSlice<'scope, T>, origin: Option<Origin<'scope>>) -> Self {
-        DeviceInFlight { view, origin }
+        DeviceInFlight {
+            view,
+            origin,
+            stream: None,
+        }
+    }
+
+    /// As [`new`](DeviceInFlight::new), lent only to work on `stream`, which the crate ordered
+    /// after the writes of the memory.
+    pub(crate) fn on_stream(
+        view: DeviceSlice<'scope, T>,
+        origin: Option<Origin<'scope>>,
+        stream: StreamId,
+    ) -> Self {
+        DeviceInFlight {
+            view,
+            origin,
+            stream: Some(stream),
+        }
     }
 }
 
@@ -291,9 +312,11 @@ pub(crate) mod sealed {
     }
 
     /// A lend in progress, counted by [`Tracker::admit`](super::Tracker::admit): uncounted when
-    /// dropped, once the operation has queued its work.
+    /// dropped, once the operation has queued its work. The second field holds the counts of a
+    /// lend of several views (a block table's), empty (allocating nothing) for one view.
     pub struct Counted<'scope>(
         pub(in crate::stream) Option<(&'scope (dyn super::Tracker + 'scope), usize)>,
+        pub(in crate::stream) Vec<(&'scope (dyn super::Tracker + 'scope), usize)>,
     );
 
     impl core::fmt::Debug for Counted<'_> {
@@ -304,8 +327,8 @@ pub(crate) mod sealed {
 
     impl Drop for Counted<'_> {
         fn drop(&mut self) {
-            if let Some((pages, slot)) = self.0 {
-                pages.done(slot);
+            for (pages, slot) in self.0.iter().chain(&self.1) {
+                pages.done(*slot);
             }
         }
     }
@@ -327,6 +350,16 @@ pub(crate) trait Tracker: Sync {
     /// every byte on a page that is neither retired nor mapped after the view was made. On `Ok`, a
     /// lend in progress is counted, in the returned slot, until [`done`](Tracker::done).
     fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<usize, Error>;
+    /// As [`admit`](Tracker::admit), for a lend for writing to work on `stream`: the bytes must still
+    /// be lent for writing (not read back since), and the table remembers `stream` as the one a
+    /// read back of them is ordered after.
+    fn admit_write(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        epoch: u64,
+        stream: StreamId,
+    ) -> Result<usize, Error>;
     /// The lend counted by `admit` in `slot` has queued its work (or given up).
     fn done(&self, slot: usize);
 }
@@ -353,7 +386,14 @@ pub(crate) struct Origin<'scope> {
 }
 
 impl Origin<'_> {
-    fn admit<T: Pod>(self, view: &DeviceSlice<'_, T>, stream: StreamId) -> Result<usize, Error> {
+    /// Admits a lend of `view` (of this memory) to work on `stream`, for writing or reading: the
+    /// slot its count goes in, until the work is queued.
+    pub(super) fn admit<T: Pod>(
+        self,
+        view: &DeviceSlice<'_, T>,
+        stream: StreamId,
+        write: bool,
+    ) -> Result<usize, Error> {
         if !self.streams.registered(stream) {
             return Err(Error::StreamRefused {
                 why: "a view of a scoped buffer is lent only to work on a stream of its scope \
@@ -364,7 +404,12 @@ impl Origin<'_> {
             .len()
             .checked_mul(size_of::<T>())
             .ok_or(Error::Overflow { what: "view size" })?;
-        self.pages.admit(view.as_raw_ptr(), bytes, self.epoch)
+        if write {
+            self.pages
+                .admit_write(view.as_raw_ptr(), bytes, self.epoch, stream)
+        } else {
+            self.pages.admit(view.as_raw_ptr(), bytes, self.epoch)
+        }
     }
 }
 
@@ -374,15 +419,35 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
         sealed::Lent {
             view,
             origin: None,
-            counted: sealed::Counted(None),
+            counted: sealed::Counted(None, Vec::new()),
         }
     }
 
-    /// A view of `origin`'s memory, or one borrowed for the scope (`None`), lent to work on `stream`.
+    /// A view of `origin`'s memory, or one borrowed for the scope (`None`), lent to work on `stream`
+    /// for reading.
     pub(crate) fn admit(
         view: DeviceSlice<'scope, T>,
         origin: Option<Origin<'scope>>,
         token: sealed::Token,
+    ) -> Result<sealed::Lent<'scope, T>, Error> {
+        Self::admit_as(view, origin, token, false)
+    }
+
+    /// As [`admit`](sealed::Lent::admit), for writing: a scoped buffer's range must still be lent
+    /// for writing (not read back since).
+    pub(crate) fn admit_write(
+        view: DeviceSlice<'scope, T>,
+        origin: Option<Origin<'scope>>,
+        token: sealed::Token,
+    ) -> Result<sealed::Lent<'scope, T>, Error> {
+        Self::admit_as(view, origin, token, true)
+    }
+
+    fn admit_as(
+        view: DeviceSlice<'scope, T>,
+        origin: Option<Origin<'scope>>,
+        token: sealed::Token,
+        write: bool,
     ) -> Result<sealed::Lent<'scope, T>, Error> {
         let Some(origin) = origin else {
             return Ok(sealed::Lent::plain(view));
@@ -393,11 +458,11 @@ impl<'scope, T: Pod> sealed::Lent<'scope, T> {
                       is not captured into a graph, which would keep its address",
             });
         }
-        let slot = origin.admit(&view, token.stream)?;
+        let slot = origin.admit(&view, token.stream, write)?;
         Ok(sealed::Lent {
             view,
             origin: Some(origin),
-            counted: sealed::Counted(Some((origin.pages, slot))),
+            counted: sealed::Counted(Some((origin.pages, slot)), Vec::new()),
         })
     }
 
@@ -516,6 +581,12 @@ impl<'scope, T: Pod> ScopedRead<'scope, T> for &'scope DeviceSliceMut<'_, T> {
 impl<T: Pod> sealed::Read for DeviceInFlight<'_, T> {}
 impl<'scope, T: Pod> ScopedRead<'scope, T> for DeviceInFlight<'scope, T> {
     fn lend(self, token: sealed::Token) -> Result<sealed::Lent<'scope, T>, Error> {
+        if self.stream.is_some_and(|s| s != token.stream) {
+            return Err(Error::StreamRefused {
+                why: "bytes read back for one stream are read by work on that stream only, which the \
+                      read back ordered after their writes: read them back again for another",
+            });
+        }
         sealed::Lent::admit(self.view, self.origin, token)
     }
     fn check_reach(&self, device: Device) -> Result<(), Error> {

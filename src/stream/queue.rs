@@ -220,6 +220,29 @@ pub(super) unsafe fn launch<'a, A: KernelArgs<'a>>(
             found: function.device().as_raw(),
         });
     }
+    // SAFETY: `function` is a kernel of a loaded module of the stream's device (checked above),
+    // which stays loaded while it is borrowed, for `'a`; the rest is the caller's contract.
+    unsafe { launch_raw(q, function.raw(), (grid, block, 0), args) }
+}
+
+/// The body of [`launch`] and of a launch of another library's kernel, once the function is known
+/// to be a kernel of the stream's context: the same checks and the same lends.
+///
+/// # Safety
+/// As [`ScopedStream::launch`], and `function` is a kernel loaded in the stream's context that stays
+/// loaded for `'a`; `shared` bytes of dynamic shared memory are what it expects.
+pub(super) unsafe fn launch_raw<'a, A: KernelArgs<'a>>(
+    q: &impl Queue<'a>,
+    function: sys::CUfunction,
+    (grid, block, shared): ((u32, u32, u32), (u32, u32, u32), u32),
+    args: A,
+) -> Result<A::Output, Error> {
+    if [grid.0, grid.1, grid.2, block.0, block.1, block.2].contains(&0) {
+        return Err(Error::ZeroSize {
+            what: "kernel grid or block",
+        });
+    }
+    let device = q.stream().device();
     args.check(device)?;
     q.admit()?;
     args.launch_with(q.token(), |params, touches| {
@@ -231,29 +254,50 @@ pub(super) unsafe fn launch<'a, A: KernelArgs<'a>>(
         } else {
             params.as_mut_ptr()
         };
-        // SAFETY: `function` is a kernel of a loaded module of the stream's device (checked
-        // above; the module stays loaded, borrowed for `'a`), whose context is current
-        // (`Queue::admit`, and `launch_with` makes no driver call). `params` points at one live value per argument, which the driver copies
-        // before returning. The caller guarantees that they match the kernel's parameters and
+        // SAFETY: `function` is a kernel loaded in the stream's context, which stays loaded for
+        // `'a` (the caller's contract), and that context is current (`Queue::admit`, and
+        // `launch_with` makes no driver call). `params` points at one live value per argument,
+        // which the driver copies before returning. The caller guarantees that they match the kernel's parameters and
         // that the kernel uses only the memory of the views (`# Safety`); every view is
         // reachable from this device (checked above) and lent for `'a`, writable ones
         // exclusively. The work is over before `'a` ends (the contract of `Queue`).
         Ok(check(unsafe {
             sys::cuLaunchKernel(
-                function.raw(),
+                function,
                 grid.0,
                 grid.1,
                 grid.2,
                 block.0,
                 block.1,
                 block.2,
-                0,
+                shared,
                 q.stream().raw,
                 params,
                 ptr::null_mut(),
             )
         })?)
     })
+}
+
+impl<'scope> ScopedStream<'scope> {
+    /// `cuLaunchKernel` of another library's kernel (cudarc's, feature `cudarc`), with the checks
+    /// and lends of [`launch`](ScopedStream::launch) and `shared` bytes of dynamic shared memory.
+    ///
+    /// # Safety
+    /// As [`launch`](ScopedStream::launch); and `function` is a kernel loaded in this stream's
+    /// context (the device's primary context), whose module stays loaded for `'scope`.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) unsafe fn launch_raw<A: KernelArgs<'scope>>(
+        &self,
+        function: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        args: A,
+    ) -> Result<A::Output, Error> {
+        // SAFETY: the caller's contract, which is `launch_raw`'s.
+        unsafe { launch_raw(self, function, (grid, block, shared), args) }
+    }
 }
 
 impl<'scope> Queue<'scope> for ScopedStream<'scope> {

@@ -28,7 +28,9 @@ use super::{lend::DeviceInFlight, scope::scope};
 /// orders the new stream after the old one behind an [`Event`]. Each write returns a
 /// [`DeviceInFlight`], with which later work reads what it wrote; reads queued on other streams are
 /// ordered by the caller, as for every [`DeviceInFlight`], and a read ordered after a later write
-/// reads that write's bytes.
+/// reads that write's bytes. A scoped buffer's range is read back instead
+/// (`ScopedBuffer::read_back`), which orders the read itself; its `Rewritable` is refused
+/// ([`Error::PageRange`]) from then on.
 ///
 /// Like a [`DeviceInFlight`], it gives the host nothing: no host read, no view.
 ///
@@ -148,7 +150,7 @@ impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
                       (`Rewritable::hand_over`)",
             });
         }
-        let lent = sealed::Lent::admit(self.view, self.origin, token)?;
+        let lent = sealed::Lent::admit_write(self.view, self.origin, token)?;
         self.stream = Some(token.stream);
         Ok(lent)
     }

@@ -5,8 +5,8 @@ use core::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
 use crate::error::Error;
-use crate::stream::Stream;
 use crate::stream::lend::Tracker;
+use crate::stream::{Stream, StreamId};
 use crate::view::range_bounds;
 use crate::vmm::access::AccessMode;
 
@@ -139,6 +139,40 @@ pub(super) fn not_capturing(each: EachStream<'_>) -> Result<(), Error> {
 // The page table of a buffer lent to a scope admits each lend of one of its views.
 impl<M: AccessMode> Tracker for VirtualBuffer<M> {
     fn admit(&self, ptr: u64, bytes: usize, epoch: u64) -> Result<usize, Error> {
+        let (start, end) = self.offsets(ptr, bytes)?;
+        let table = self.lock();
+        let slot = table.admit(start, end, epoch)?;
+        // Counted under the lock: a retire turns the generation under it too.
+        self.count_lend(slot);
+        Ok(slot)
+    }
+
+    fn admit_write(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        epoch: u64,
+        stream: StreamId,
+    ) -> Result<usize, Error> {
+        let (start, end) = self.offsets(ptr, bytes)?;
+        let mut table = self.lock();
+        let slot = table.admit_write(start, end, epoch, stream)?;
+        // Counted under the lock, as `admit`'s.
+        self.count_lend(slot);
+        drop(table);
+        Ok(slot)
+    }
+
+    fn done(&self, slot: usize) {
+        if let Some(count) = self.lending.get(slot) {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<M: AccessMode> VirtualBuffer<M> {
+    /// The offsets `[start, end)` of the view of `bytes` at `ptr`.
+    fn offsets(&self, ptr: u64, bytes: usize) -> Result<(usize, usize), Error> {
         let start = ptr
             .checked_sub(self.base)
             .and_then(|offset| usize::try_from(offset).ok())
@@ -148,17 +182,14 @@ impl<M: AccessMode> Tracker for VirtualBuffer<M> {
         let end = start.checked_add(bytes).ok_or(Error::Overflow {
             what: "view address + size",
         })?;
-        let table = self.lock();
-        let slot = table.admit(start, end, epoch)?;
-        if let Some(count) = self.lending.get(slot) {
-            count.fetch_add(1, Ordering::AcqRel);
-        }
-        Ok(slot)
+        Ok((start, end))
     }
 
-    fn done(&self, slot: usize) {
+    /// Counts a lend admitted in `slot`; the caller holds the table's lock, under which a retire or
+    /// a read back turns the generation and then waits for the old slot.
+    fn count_lend(&self, slot: usize) {
         if let Some(count) = self.lending.get(slot) {
-            count.fetch_sub(1, Ordering::AcqRel);
+            count.fetch_add(1, Ordering::AcqRel);
         }
     }
 }

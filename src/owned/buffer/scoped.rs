@@ -18,6 +18,7 @@ use crate::view::{DeviceSlice, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite, elements};
 
 mod evict;
+mod read_back;
 
 pub use evict::EvictedInFlight;
 
@@ -38,6 +39,11 @@ pub use evict::EvictedInFlight;
 ///   lent by `write` or `read` in the same scope, and `read` refuses bytes lent by `write`: checked
 ///   before any driver call, with the shared bytes named. Any number of reads share bytes. A range
 ///   written once is written again through the same [`Rewritable`], ordered after its last write.
+/// - **Reads after writes** ([`read_back`](ScopedBuffer::read_back)): bytes written in the scope are
+///   read by later work as one view over any range, ordered after every write to them (the crate
+///   records an event on each writer's stream and the reading stream waits for it); the writes'
+///   claims end there, and a write after a read back is refused. A block freed in the scope is
+///   lent again for writing by [`reuse`](ScopedBuffer::reuse), behind every earlier use of it.
 /// - **Growth** ([`grow`](ScopedBuffer::grow), [`map_page`](ScopedBuffer::map_page)) maps pages into
 ///   unmapped ranges, which disturbs no lent view.
 /// - **Retire** ([`retire`](ScopedBuffer::retire)) records an event on every stream of the scope,
@@ -204,7 +210,8 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     ///
     /// # Errors
     /// As [`VirtualBuffer::slice_bytes`] ([`Error::PageRange`] also for a retired page), and
-    /// [`Error::PageRange`] naming the bytes a [`write`](ScopedBuffer::write) of this scope lent.
+    /// [`Error::PageRange`] naming the bytes a [`write`](ScopedBuffer::write) of this scope lent
+    /// (read them back with [`read_back`](ScopedBuffer::read_back)).
     pub fn read<T: Pod>(
         &self,
         bytes: impl RangeBounds<usize>,

@@ -37,7 +37,7 @@ use crate::owned::pages::{
     Claims, RETIRED, Span, check_covered, check_covered_at, check_not_evicted, insertion_point,
     pages_inside,
 };
-use crate::stream::{Event, PinnedBuffer};
+use crate::stream::{Event, PinnedBuffer, StreamId};
 use crate::vmm::physical::PhysicalAllocation;
 
 use super::page::{Backing, BufferStats, Memory, PageInfo, Piece};
@@ -242,6 +242,15 @@ pub(super) struct Retire {
     pub(super) lends: usize,
 }
 
+/// A range read back ([`Table::read_back`]): the count of mapped pages its lends carry, the streams
+/// of the writes its read is ordered after, and the slot of the lends to wait for first (`None`
+/// where nothing was written).
+pub(super) struct ReadBack {
+    pub(super) epoch: u64,
+    pub(super) streams: Vec<StreamId>,
+    pub(super) lends: Option<usize>,
+}
+
 /// The page table: the pages of one buffer and everything that changes with them, behind the
 /// buffer's lock.
 pub(super) struct Table<P = Backing> {
@@ -250,8 +259,9 @@ pub(super) struct Table<P = Backing> {
     /// Sorted by offset, disjoint, inside `[0, budget)`: every page mapped, retired or evicted.
     slots: Vec<Slot<P>>,
     stats: BufferStats,
-    /// The count of pages mapped so far: each page records it, and so does each lend of a scoped
-    /// buffer, which then never covers a page mapped after it.
+    /// The count of pages mapped (and of ranges reused) so far: each page records it, and so does
+    /// each lend of a scoped buffer, which then never covers a page mapped, nor a range reused,
+    /// after it.
     epoch: u64,
     /// The retires whose pages wait for the GPU.
     retires: Retires,
@@ -349,16 +359,17 @@ impl<P> Table<P> {
     /// As [`usable`](Table::usable), for a lend made when the count of mapped pages was `epoch`: a
     /// page mapped later is refused too.
     fn usable_since(&self, start: usize, end: usize, epoch: u64) -> Result<(), Error> {
-        if self.live_run(start, end, epoch) {
-            return Ok(());
+        if !self.live_run(start, end, epoch) {
+            check_not_evicted(&self.slots, start, end)?;
+            check_covered_at(&self.slots, start, end, epoch)?;
         }
-        check_not_evicted(&self.slots, start, end)?;
-        check_covered_at(&self.slots, start, end, epoch)
+        // The pages answer above; a reuse's fence is the claims' to answer.
+        self.claims.check_fresh(start, end, epoch)
     }
 
     /// Whether `[start, end)` lies on one run of adjacent `Live` pages mapped at `epoch` or before
-    /// (an empty range does): the answer of [`usable_since`](Table::usable_since) in one pass over
-    /// the pages it covers, one comparison of the state each, for every lend, view and
+    /// (an empty range does): the pages' answer of [`usable_since`](Table::usable_since) in one
+    /// pass over the pages it covers, one comparison of the state each, for every lend, view and
     /// registration. Where it is false, the two checks it stands for find the first problem and
     /// name it (every check of the range stays written once, in `owned::pages`). The unit tests
     /// hold the two to the same answer.
@@ -385,6 +396,62 @@ impl<P> Table<P> {
     pub(super) fn admit(&self, start: usize, end: usize, epoch: u64) -> Result<usize, Error> {
         self.usable_since(start, end, epoch)?;
         Ok(self.generation % 2)
+    }
+
+    /// Admits a write lend of the scoped view `[start, end)` made at `epoch` to work on `stream`: as
+    /// [`admit`](Table::admit), and the bytes still lent for writing (not read back since), whose
+    /// claim remembers `stream` for the read back.
+    pub(super) fn admit_write(
+        &mut self,
+        start: usize,
+        end: usize,
+        epoch: u64,
+        stream: StreamId,
+    ) -> Result<usize, Error> {
+        self.usable_since(start, end, epoch)?;
+        self.claims.wrote(start, end, stream)?;
+        Ok(self.generation % 2)
+    }
+
+    /// Reads `[start, end)` back for a scope, once it is [`usable`](Table::usable): the write
+    /// claims sharing a byte are settled (no write lend follows) and the range is claimed for
+    /// reading. Where a write was lent, the lend generation turns, so that the caller waits for the
+    /// write lends in progress (`lends`) before it orders the read after their `streams`.
+    pub(super) fn read_back(&mut self, start: usize, end: usize) -> Result<ReadBack, Error> {
+        self.usable(start, end)?;
+        let streams = self.claims.read_back(start, end)?;
+        let lends = if streams.is_empty() {
+            None
+        } else {
+            let old = self.generation % 2;
+            self.generation = self.generation.wrapping_add(1);
+            Some(old)
+        };
+        Ok(ReadBack {
+            epoch: self.epoch,
+            streams,
+            lends,
+        })
+    }
+
+    /// Lends `[start, end)` again for writing in a scope, to work on `stream`, once it is
+    /// [`usable`](Table::usable): the count turns, every handle of the range made before is refused
+    /// from now on, and the range is claimed for writing anew. The lend generation turns too: the
+    /// new count, which the new lend carries, and the slot of the lends to wait for before the
+    /// caller orders `stream` after the work queued so far.
+    pub(super) fn reuse(
+        &mut self,
+        start: usize,
+        end: usize,
+        stream: StreamId,
+    ) -> Result<(u64, usize), Error> {
+        self.usable(start, end)?;
+        let epoch = self.epoch.saturating_add(1);
+        self.claims.reuse(start, end, epoch, stream)?;
+        self.epoch = epoch;
+        let lends = self.generation % 2;
+        self.generation = self.generation.wrapping_add(1);
+        Ok((epoch, lends))
     }
 
     /// Claims `[start, end)` for a scope, for writing (exclusively) or reading, once it is

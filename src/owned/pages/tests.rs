@@ -3,8 +3,14 @@
 use super::*;
 
 mod claims {
-    use super::Claims;
+    use super::{Claims, LENT_FOR_WRITING, REUSED, WRITTEN};
     use crate::error::Error;
+    use proptest::prelude::*;
+
+    /// The write claims' ranges, in order.
+    fn writes(claims: &Claims<u8>) -> Vec<(usize, usize)> {
+        claims.writes.iter().map(|w| (w.start, w.end)).collect()
+    }
 
     fn problem(result: Result<(), Error>) -> Option<(usize, usize, &'static str)> {
         match result {
@@ -20,7 +26,7 @@ mod claims {
 
     #[test]
     fn writes_are_exclusive_and_reads_shared() {
-        let mut claims = Claims::default();
+        let mut claims = Claims::<u8>::default();
         assert_eq!(problem(claims.write(0, 10)), None);
         assert_eq!(
             problem(claims.write(10, 20)),
@@ -34,7 +40,7 @@ mod claims {
         );
         assert_eq!(
             problem(claims.read(15, 25)),
-            Some((15, 20, "are lent for writing"))
+            Some((15, 20, LENT_FOR_WRITING))
         );
         assert_eq!(problem(claims.read(20, 30)), None);
         assert_eq!(problem(claims.read(20, 30)), None, "a range read twice");
@@ -54,13 +60,13 @@ mod claims {
 
     #[test]
     fn a_retired_range_frees_its_claims() {
-        let mut claims = Claims::default();
+        let mut claims = Claims::<u8>::default();
         claims.write(0, 10).unwrap();
         claims.write(10, 30).unwrap();
         claims.read(30, 60).unwrap();
         claims.forget(20, 40);
         assert_eq!(
-            claims.writes,
+            writes(&claims),
             vec![(0, 10)],
             "a write that shares a byte goes whole"
         );
@@ -74,6 +80,294 @@ mod claims {
         );
         claims.clear();
         assert_eq!(problem(claims.write(0, 100)), None);
+    }
+
+    #[test]
+    fn a_read_back_settles_the_writes_and_names_their_streams() {
+        let mut claims = Claims::<u8>::default();
+        claims.write(0, 10).unwrap();
+        claims.write(10, 20).unwrap();
+        claims.write(20, 30).unwrap();
+        claims.wrote(0, 10, 1).unwrap();
+        claims.wrote(2, 4, 2).unwrap(); // a part of a claim, on another stream after a hand-over
+        claims.wrote(10, 20, 1).unwrap();
+        assert_eq!(
+            problem(claims.read_back(0, 25).map(drop)),
+            Some((
+                20,
+                30,
+                "are lent for writing past an end of the range: read a write back whole"
+            )),
+            "a write cut by the range"
+        );
+        assert_eq!(
+            claims.read_back(0, 20).unwrap(),
+            vec![2, 1],
+            "each stream once, the last"
+        );
+        assert_eq!(
+            problem(claims.wrote(0, 10, 1)),
+            Some((
+                0,
+                10,
+                "are no longer lent for writing: read back (`ScopedBuffer::read_back`) or retired since"
+            )),
+            "a write lend of a range read back"
+        );
+        assert_eq!(
+            problem(claims.wrote(20, 30, 3)),
+            None,
+            "the one not read back"
+        );
+        assert_eq!(
+            problem(claims.read(5, 6)),
+            Some((5, 6, WRITTEN)),
+            "a plain read names no stream to wait for"
+        );
+        assert_eq!(
+            problem(claims.read(20, 21)),
+            Some((20, 21, LENT_FOR_WRITING))
+        );
+        assert_eq!(
+            problem(claims.write(19, 21)).map(|p| (p.0, p.1)),
+            Some((19, 20)),
+            "a write after a read back is refused"
+        );
+        assert_eq!(
+            claims.read_back(5, 30).unwrap(),
+            vec![2, 1, 3],
+            "a second read back over settled writes orders after them again"
+        );
+        assert_eq!(claims.reads, vec![(0, 30)]);
+        assert_eq!(
+            claims.read_back(40, 50).unwrap(),
+            Vec::<u8>::new(),
+            "nothing written"
+        );
+        assert_eq!(problem(claims.read(45, 50)), None);
+        claims.forget(0, 30);
+        assert_eq!(problem(claims.write(0, 30)), None, "retired: lent again");
+    }
+
+    #[test]
+    fn a_reuse_fences_off_every_earlier_handle_and_lends_anew() {
+        let mut claims = Claims::<u8>::default();
+        claims.write(0, 10).unwrap();
+        claims.write(10, 20).unwrap();
+        claims.wrote(0, 10, 1).unwrap();
+        claims.read_back(0, 10).unwrap();
+        claims.read(20, 40).unwrap();
+        assert_eq!(
+            problem(claims.reuse(5, 15, 3, 2)),
+            Some((
+                0,
+                10,
+                "were lent for writing past an end of the range: reuse a block whole"
+            )),
+            "a write cut by the range, read back or not"
+        );
+        assert_eq!(
+            problem(claims.check_fresh(0, 40, 0)),
+            None,
+            "refused: no change"
+        );
+        claims.reuse(0, 10, 3, 2).unwrap();
+        claims.reuse(25, 30, 4, 2).unwrap();
+        assert_eq!(
+            problem(claims.check_fresh(8, 12, 2)),
+            Some((8, 10, REUSED)),
+            "a handle made before, over the block"
+        );
+        assert_eq!(problem(claims.check_fresh(0, 10, 3)), None, "the new lend");
+        assert_eq!(problem(claims.check_fresh(10, 25, 0)), None, "other bytes");
+        assert_eq!(
+            problem(claims.check_fresh(20, 40, 3)).map(|p| (p.0, p.1)),
+            Some((25, 30)),
+            "a read made before the second reuse"
+        );
+        assert_eq!(
+            problem(claims.wrote(0, 10, 2)),
+            None,
+            "lent for writing anew"
+        );
+        assert_eq!(problem(claims.read(0, 1)), Some((0, 1, LENT_FOR_WRITING)));
+        assert_eq!(claims.reads, vec![(20, 25), (30, 40)]);
+        claims.reuse(0, 10, 5, 1).unwrap();
+        assert_eq!(
+            claims.fences.len(),
+            2,
+            "a later reuse replaces the bytes it shares"
+        );
+        claims.forget(0, 40);
+        assert_eq!(
+            problem(claims.check_fresh(0, 40, 0)),
+            None,
+            "retired: nothing left"
+        );
+    }
+
+    /// One step of the model test: claim for writing, claim for reading, a write lend on a stream,
+    /// a read back, a retire.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(usize, usize),
+        Read(usize, usize),
+        Wrote(usize, usize, u8),
+        ReadBack(usize, usize),
+        Forget(usize, usize),
+        Reuse(usize, usize, u8),
+        Fresh(usize, usize, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let range = (0usize..16, 1usize..6).prop_map(|(s, l)| (s, s + l));
+        prop_oneof![
+            range.clone().prop_map(|(s, e)| Op::Write(s, e)),
+            range.clone().prop_map(|(s, e)| Op::Read(s, e)),
+            (range.clone(), 0u8..3).prop_map(|((s, e), t)| Op::Wrote(s, e, t)),
+            range.clone().prop_map(|(s, e)| Op::ReadBack(s, e)),
+            range.clone().prop_map(|(s, e)| Op::Forget(s, e)),
+            (range.clone(), 0u8..3).prop_map(|((s, e), t)| Op::Reuse(s, e, t)),
+            (range, 0u64..12).prop_map(|((s, e), epoch)| Op::Fresh(s, e, epoch)),
+        ]
+    }
+
+    /// What one byte is, in a model kept byte by byte.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    enum Byte {
+        #[default]
+        Free,
+        Read,
+        /// Lent for writing by the claim numbered so, last written on the stream.
+        Writing(usize, Option<u8>),
+        /// Written by the claim numbered so, then read back; the stream of its last write.
+        ReadBack(usize, Option<u8>),
+    }
+
+    proptest! {
+        /// Against a byte-by-byte model: a write claim's bytes are never lent for reading (nor
+        /// written by another claim) until read back or retired; a read back of a range names every
+        /// stream that last wrote a byte of it, is refused only where a write reaches past its
+        /// ends, and no write lend follows it.
+        #[test]
+        fn claims_match_a_byte_model(ops in proptest::collection::vec(op(), 0..24)) {
+            let mut claims = Claims::<u8>::default();
+            let mut model = [Byte::Free; 24];
+            // The count at which each byte was last reused (0: never, or retired since).
+            let mut fenced = [0u64; 24];
+            let mut epoch = 0u64;
+            let mut next = 0usize;
+            for op in ops {
+                match op {
+                    Op::Write(s, e) => {
+                        let free = model[s..e].iter().all(|b| *b == Byte::Free);
+                        prop_assert_eq!(claims.write(s, e).is_ok(), free, "{:?}", op);
+                        if free {
+                            model[s..e].fill(Byte::Writing(next, None));
+                            next += 1;
+                        }
+                    }
+                    Op::Read(s, e) => {
+                        let ok = model[s..e].iter().all(|b| matches!(b, Byte::Free | Byte::Read));
+                        prop_assert_eq!(claims.read(s, e).is_ok(), ok, "{:?}", op);
+                        if ok {
+                            model[s..e].fill(Byte::Read);
+                        }
+                    }
+                    Op::Wrote(s, e, t) => {
+                        let claim = match model[s] {
+                            Byte::Writing(c, _) => Some(c),
+                            _ => None,
+                        };
+                        let ok = claim.is_some()
+                            && model[s..e].iter().all(|b| matches!(b, Byte::Writing(c, _) if Some(*c) == claim));
+                        prop_assert_eq!(claims.wrote(s, e, t).is_ok(), ok, "{:?}", op);
+                        if let (true, Some(c)) = (ok, claim) {
+                            for b in &mut model {
+                                if let Byte::Writing(n, stream) = b && *n == c {
+                                    *stream = Some(t);
+                                }
+                            }
+                        }
+                    }
+                    Op::ReadBack(s, e) => {
+                        let inside: Vec<usize> = model[s..e]
+                            .iter()
+                            .filter_map(|b| match b { Byte::Writing(c, _) => Some(*c), _ => None })
+                            .collect();
+                        let cut = model.iter().enumerate().any(|(i, b)| {
+                            matches!(b, Byte::Writing(c, _) if inside.contains(c)) && !(s..e).contains(&i)
+                        });
+                        let result = claims.read_back(s, e);
+                        prop_assert_eq!(result.is_ok(), !cut, "{:?}", op);
+                        if let Ok(mut streams) = result {
+                            let mut expected: Vec<u8> = Vec::new();
+                            for b in &model[s..e] {
+                                if let Byte::Writing(_, Some(t)) | Byte::ReadBack(_, Some(t)) = b
+                                    && !expected.contains(t)
+                                {
+                                    expected.push(*t);
+                                }
+                            }
+                            streams.sort_unstable();
+                            expected.sort_unstable();
+                            prop_assert_eq!(streams, expected, "{:?}", op);
+                            for b in &mut model {
+                                if let Byte::Writing(c, stream) = *b && inside.contains(&c) {
+                                    *b = Byte::ReadBack(c, stream);
+                                }
+                            }
+                            for b in &mut model[s..e] {
+                                if *b == Byte::Free {
+                                    *b = Byte::Read;
+                                }
+                            }
+                        }
+                    }
+                    Op::Forget(s, e) => {
+                        claims.forget(s, e);
+                        let gone: Vec<usize> = model[s..e]
+                            .iter()
+                            .filter_map(|b| match b {
+                                Byte::Writing(c, _) | Byte::ReadBack(c, _) => Some(*c),
+                                _ => None,
+                            })
+                            .collect();
+                        for b in &mut model {
+                            match *b {
+                                Byte::Writing(c, _) if gone.contains(&c) => *b = Byte::Free,
+                                // Read back: its bytes stay lent for reading.
+                                Byte::ReadBack(c, _) if gone.contains(&c) => *b = Byte::Read,
+                                _ => {}
+                            }
+                        }
+                        model[s..e].fill(Byte::Free);
+                        fenced[s..e].fill(0);
+                    }
+                    Op::Reuse(s, e, t) => {
+                        let owner = |b: &Byte| match b {
+                            Byte::Writing(c, _) | Byte::ReadBack(c, _) => Some(*c),
+                            _ => None,
+                        };
+                        let cut = model.iter().enumerate().any(|(i, b)| {
+                            owner(b).is_some_and(|c| model[s..e].iter().any(|x| owner(x) == Some(c)))
+                                && !(s..e).contains(&i)
+                        });
+                        epoch += 1;
+                        prop_assert_eq!(claims.reuse(s, e, epoch, t).is_ok(), !cut, "{:?}", op);
+                        if !cut {
+                            model[s..e].fill(Byte::Writing(next, Some(t)));
+                            next += 1;
+                            fenced[s..e].fill(epoch);
+                        }
+                    }
+                    Op::Fresh(s, e, at) => {
+                        let stale = fenced[s..e].iter().any(|&f| f > at);
+                        prop_assert_eq!(claims.check_fresh(s, e, at).is_err(), stale, "{:?}", op);
+                    }
+                }
+            }
+        }
     }
 }
 

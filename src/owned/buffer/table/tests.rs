@@ -548,3 +548,77 @@ mod one_pass {
         }
     }
 }
+
+/// Two streams, told apart by their handles, for the read-back tests.
+fn streams() -> (crate::stream::StreamId, crate::stream::StreamId) {
+    let context = core::ptr::null_mut();
+    (
+        crate::stream::StreamId::new(context, core::ptr::without_provenance_mut(1)),
+        crate::stream::StreamId::new(context, core::ptr::without_provenance_mut(2)),
+    )
+}
+
+#[test]
+fn a_read_back_names_the_writers_streams_and_ends_the_write_lends() {
+    let (a, b) = streams();
+    let mut t = table(vec![(0, 4, Page::Live(())), (4, 4, Page::Live(()))]);
+    let epoch = t.claim(0, 2, true).unwrap();
+    t.claim(2, 4, true).unwrap();
+    t.admit_write(0, 2, epoch, a).unwrap();
+    t.admit_write(2, 4, epoch, b).unwrap();
+    let generation = t.generation;
+    let read_back = t.read_back(0, 8).unwrap();
+    assert_eq!(read_back.streams, vec![a, b]);
+    assert_eq!(
+        read_back.lends,
+        Some(generation % 2),
+        "the slot to wait for"
+    );
+    assert_eq!(
+        t.generation,
+        generation.wrapping_add(1),
+        "the generation turned"
+    );
+    assert!(
+        t.admit_write(0, 2, epoch, a).is_err(),
+        "a write lend after the read back"
+    );
+    assert_eq!(refusal(t.admit(0, 8, read_back.epoch).map(drop)), None);
+    let nothing = t.read_back(4, 8).unwrap();
+    assert!(
+        nothing.streams.is_empty() && nothing.lends.is_none(),
+        "no write: no wait"
+    );
+    assert!(t.read_back(6, 10).is_err(), "past the last page");
+}
+
+#[test]
+fn a_reuse_fences_off_the_handles_made_before() {
+    let (a, _) = streams();
+    let mut t = table(vec![(0, 8, Page::Live(()))]);
+    let before = t.claim(0, 4, true).unwrap();
+    t.read_back(0, 4).unwrap();
+    let (after, _) = t.reuse(0, 4, a).unwrap();
+    assert!(after > before, "the count turned");
+    assert_eq!(
+        refusal(t.admit(0, 4, before).map(drop)).map(|r| (r.0, r.1)),
+        Some((0, 4)),
+        "a handle made before the reuse"
+    );
+    assert_eq!(
+        refusal(t.admit(4, 8, before).map(drop)),
+        None,
+        "other bytes"
+    );
+    assert_eq!(
+        refusal(t.admit_write(0, 4, after, a).map(drop)),
+        None,
+        "the new lend"
+    );
+    t.retire(0, 8, false, || Ok(())).unwrap();
+    assert_eq!(
+        refusal(t.admit(0, 4, after).map(drop)).map(|r| r.2),
+        Some(RETIRED),
+        "retired: the page refuses, whatever the fence"
+    );
+}
