@@ -334,6 +334,13 @@ fn two_slots_serve_a_hundred_batches_in_one_scope() {
             matches!(refused, Err(Error::StreamRefused { .. })),
             "a write on another stream without an event: {refused:?}"
         );
+        // No second writer of the slot: a Rewritable is not made rewritable again (that handle,
+        // bound to no stream, would write the slot on `other` unordered after `work`).
+        let again = o.rewritable(&mut *first);
+        assert!(
+            matches!(again, Err(Error::StreamRefused { .. })),
+            "a second Rewritable of one slot: {again:?}"
+        );
         first.hand_over(w, o, &handover)?;
         let written = o.copy_from_host(&mut *first, &pinned[7])?;
         o.copy_to_host(&mut handed_out, written)?;

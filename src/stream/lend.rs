@@ -528,6 +528,12 @@ pub trait ScopedWrite<'scope, T>: sealed::Write {
     /// As [`ScopedRead::check_reach`].
     #[doc(hidden)]
     fn check_reach(&self, device: Device) -> Result<(), Error>;
+    /// Whether this is a [`Rewritable`] lent again (`&mut Rewritable`): a handle that is already
+    /// one writer of its bytes for the scope, which no second [`Rewritable`] may be made of.
+    #[doc(hidden)]
+    fn rewritable_already(&self) -> bool {
+        false
+    }
 }
 
 /// `Err(NoPeerAccess)` unless `view` is reachable from `device`.

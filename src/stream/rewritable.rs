@@ -157,6 +157,9 @@ impl<'scope, T: Pod> ScopedWrite<'scope, T> for &mut Rewritable<'scope, T> {
     fn check_reach(&self, device: Device) -> Result<(), Error> {
         reachable(&self.view, device)
     }
+    fn rewritable_already(&self) -> bool {
+        true
+    }
 }
 
 impl<'scope> ScopedStream<'scope> {
@@ -166,11 +169,19 @@ impl<'scope> ScopedStream<'scope> {
     ///
     /// # Errors
     /// As the view's lend: [`Error::StreamRefused`] for a view of a scoped buffer of another scope,
-    /// [`Error::PageRange`] for one whose pages have been retired.
+    /// [`Error::PageRange`] for one whose pages have been retired. [`Error::StreamRefused`] for a
+    /// `&mut Rewritable`: it is its bytes' one writer already, and a second handle, bound to no
+    /// stream, could write them on another stream unordered after the first.
     pub fn rewritable<T: Pod>(
         &self,
         view: impl ScopedWrite<'scope, T>,
     ) -> Result<Rewritable<'scope, T>, Error> {
+        if view.rewritable_already() {
+            return Err(Error::StreamRefused {
+                why: "a Rewritable is not made rewritable again: it is its bytes' one writer, and \
+                      a second handle could write them on another stream, unordered",
+            });
+        }
         let token = sealed::Token::new(self.id(), false);
         let (view, origin, _) = lend_mut(view, token)?.into_parts();
         Ok(Rewritable {
