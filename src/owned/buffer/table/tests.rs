@@ -4,7 +4,8 @@
 
 use core::iter::once;
 
-use super::{Fill, HELD, Page, Slot, Table};
+use super::lends::HELD;
+use super::{Fill, Page, Slot, Table};
 use crate::error::Error;
 use crate::owned::pages::{EVICTED, RESERVED, RETIRED, Span, pages_inside};
 
