@@ -189,7 +189,9 @@ fn nvrtc_kernel_on_a_scoped_stream_takes_lent_views() -> TestResult {
     let mut output = PinnedBuffer::<u32>::zeroed(&ours, n)?;
     let stream = Stream::new(&ours)?;
     let mut buffer = VirtualBuffer::new(4 * page, &[device], ReadWrite)?;
-    buffer.grow(device, 2 * page)?;
+    // Two pages, so that the second is retired alone.
+    buffer.grow(device, page)?;
+    buffer.grow(device, page)?;
     cuda_vmm::scope(|s| {
         let work = s.on(&stream);
         let kv = buffer.in_scope(s);

@@ -398,7 +398,9 @@ fn new_paths_round(
     let data = pattern(n, round);
     input.copy_from_slice(&data).unwrap();
     let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
-    cache.grow(device, 2 * g).unwrap();
+    // Two pages, so that the second is retired alone.
+    cache.grow(device, g).unwrap();
+    cache.grow(device, g).unwrap();
     let (mut out_view, mut spare) = out.as_mut_slice().split_at_mut(n).unwrap();
     let stranger = Stream::new(ctx).unwrap();
     cuda_vmm::scope(|s| {
