@@ -18,6 +18,15 @@
 //!   [`Rewritable`](crate::stream::Rewritable))
 //!   and retire while the work runs, released after an event on every stream of the scope, with no
 //!   host wait. Every lend of its views is checked again, so a retired page reaches no later work.
+//! - A buffer's reserve ([`VirtualBuffer::reserve_ahead`], [`ReserveOptions`]) takes the driver
+//!   calls off the thread that grows it: a worker thread creates, maps and grants pages ahead of
+//!   need at the next vacant slots, and unmaps and releases retired pages once their events have
+//!   completed. A page of the reserve is no page of the buffer (no view reaches it); a grow onto
+//!   it makes no driver call. Its bound is the user's, it shows in [`BufferStats`], and
+//!   [`VirtualBuffer::trim`] (or the drop) gives it back, to the byte.
+//! - [`ClaimedRange`] ([`VirtualBuffer::claim_bytes_mut`]) holds a writable range through a shared
+//!   borrow of the buffer, exclusive at run time, so a graph that writes the range lives while the
+//!   buffer grows.
 //! - [`OwnedMapping`] owns one physical allocation mapped into a [`SharedReservation`], and a share
 //!   of that reservation (an `Arc`), so it can live in a `Vec` or a struct field. The reservation
 //!   records the mapped ranges at run time, so two owned mappings never overlap; grants and views are
