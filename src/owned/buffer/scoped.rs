@@ -252,15 +252,36 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         context: &'scope Context,
         write: bool,
     ) -> Result<(DeviceSlice<'scope, T>, Origin<'scope>), Error> {
-        let buffer: &'scope VirtualBuffer<M> = self.buffer;
-        let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
+        let (start, end, len) = self.element_range::<T>(bytes)?;
+        let epoch = self.buffer.lock().claim(start, end, write)?;
+        Ok(self.lent_view(start, len, context, epoch))
+    }
+
+    /// `bytes` as a range of whole `T`s inside the budget: its start, end and length in `T`s.
+    fn element_range<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<(usize, usize, usize), Error> {
+        let (start, end) = range_bounds(bytes, self.buffer.budget, BUDGET)?;
         let len = elements::<T>(end - start)?;
         elements::<T>(start)?;
-        let epoch = buffer.lock().claim(start, end, write)?;
-        // Every byte is on a page mapped and granted to every device of the access set (checked),
-        // `context`'s among them. It stays mapped while `'scope` lasts unless a retire of this
-        // handle takes it, and every lend of the view is admitted again by the table first, which
-        // refuses it then (`Origin`).
+        Ok((start, end, len))
+    }
+
+    /// The view of `len` `T`s from byte `start`, copied through `context`, and where it came from,
+    /// for bytes the table has just lent at `epoch` (a claim, a read back or a reuse).
+    fn lent_view<T: Pod>(
+        &self,
+        start: usize,
+        len: usize,
+        context: &'scope Context,
+        epoch: u64,
+    ) -> (DeviceSlice<'scope, T>, Origin<'scope>) {
+        let buffer: &'scope VirtualBuffer<M> = self.buffer;
+        // Every byte is on a page mapped and granted to every device of the access set (checked by
+        // the table's lend), `context`'s among them. It stays mapped while `'scope` lasts unless a
+        // retire of this handle takes it, and every lend of the view is admitted again by the
+        // table first, which refuses it then (`Origin`).
         let view = DeviceSlice::from_granted(
             buffer.base.wrapping_add(start as u64),
             len,
@@ -272,7 +293,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
             streams: self.streams,
             epoch,
         };
-        Ok((view, origin))
+        (view, origin)
     }
 
     /// `cuEventRecord` — retire the pages inside the byte range `bytes` after all the work queued so

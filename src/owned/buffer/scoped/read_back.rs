@@ -8,15 +8,12 @@ use std::sync::PoisonError;
 
 use bytemuck::Pod;
 
-use super::super::BUDGET;
 use super::super::retire::not_capturing;
 use super::super::retiring::EachStream;
 use super::ScopedBuffer;
 use crate::error::Error;
-use crate::stream::lend::Origin;
 use crate::stream::{DeviceInFlight, Event, Rewritable, ScopedStream, Stream, StreamId};
-use crate::view::{DeviceSlice, Reach, range_bounds};
-use crate::vmm::access::{AccessMode, ReadWrite, elements};
+use crate::vmm::access::{AccessMode, ReadWrite};
 
 impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     /// `cuEventRecord`, `cuStreamWaitEvent` — the bytes `bytes` (counted from the base) as `T`s,
@@ -92,9 +89,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
                       (`Scope::on`), which its retires record their events on",
             });
         }
-        let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
-        let len = elements::<T>(end - start)?;
-        elements::<T>(start)?;
+        let (start, end, len) = self.element_range::<T>(bytes)?;
         let context = buffer.context_of(on.device())?;
         if on.is_capturing()? {
             return Err(Error::StreamCapturing {
@@ -116,21 +111,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
             read_back
         };
         self.order_after(&read_back.streams, on)?;
-        // Every byte is on a page mapped and granted to every device of the access set (checked
-        // by the read back), `context`'s among them. It stays mapped while `'scope` lasts unless a
-        // retire of this handle takes it, and every lend of the view is admitted again by the table
-        // first, which refuses it then (`Origin`).
-        let view = DeviceSlice::from_granted(
-            buffer.base.wrapping_add(start as u64),
-            len,
-            context,
-            Reach::Owned(&buffer.access),
-        );
-        let origin = Origin {
-            pages: buffer,
-            streams: self.streams,
-            epoch: read_back.epoch,
-        };
+        let (view, origin) = self.lent_view(start, len, context, read_back.epoch);
         Ok(DeviceInFlight::on_stream(view, Some(origin), on.id()))
     }
 
@@ -234,9 +215,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
                       (`Scope::on`), which its retires record their events on",
             });
         }
-        let (start, end) = range_bounds(bytes, buffer.budget, BUDGET)?;
-        let len = elements::<T>(end - start)?;
-        elements::<T>(start)?;
+        let (start, end, len) = self.element_range::<T>(bytes)?;
         let context = buffer.context_of(on.device())?;
         let streams = self.streams;
         let each: EachStream<'_> =
@@ -261,22 +240,11 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
             stream.record(&event)?;
             on.wait(&event)
         })?;
-        // Every byte is on a page mapped and granted to every device of the access set (checked
-        // by the reuse), `context`'s among them, and the grants are `ReadWrite`; the new claim makes
-        // it exclusive, and every lend is admitted again by the table (`Origin`).
-        let view = DeviceSlice::from_granted(
-            buffer.base.wrapping_add(start as u64),
-            len,
-            context,
-            Reach::Owned(&buffer.access),
-        );
+        // The grants are `ReadWrite`; the new claim makes the bytes exclusive.
+        let (view, origin) = self.lent_view(start, len, context, epoch);
         Ok(Rewritable {
             view,
-            origin: Some(Origin {
-                pages: buffer,
-                streams: self.streams,
-                epoch,
-            }),
+            origin: Some(origin),
             stream: Some(on.id()),
         })
     }
