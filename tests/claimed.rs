@@ -9,28 +9,11 @@ mod common;
 
 use std::ffi::CString;
 
-use common::gpu_or_skip;
+use common::{COUNT_PTX, gpu_or_skip};
 use cuda_vmm::stream::Graph;
 use cuda_vmm::{
     Context, Error, Granularity, Module, ReadWrite, Stream, VirtualBuffer, allocation_granularity,
 };
-
-/// `count(u32 *counter)`: one thread adds one to `*counter`, atomically.
-const COUNT_PTX: &str = r"
-.version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry count(.param .u64 param_counter)
-{
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<3>;
-    ld.param.u64 %rd1, [param_counter];
-    cvta.to.global.u64 %rd2, %rd1;
-    atom.global.add.u32 %r1, [%rd2], 1;
-    ret;
-}
-";
 
 fn load(ctx: &Context) -> Module {
     Module::load_ptx(ctx, &CString::new(COUNT_PTX).unwrap()).unwrap()

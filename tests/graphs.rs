@@ -14,29 +14,13 @@ use std::sync::{Barrier, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::Duration;
 
-use common::{add_one_ptx, gpu_or_skip, pattern};
+use common::{COUNT_PTX, add_one_ptx, gpu_or_skip, pattern};
 use cuda_vmm::stream::{Graph, ParkedGraph};
 use cuda_vmm::{
     Context, DeviceBuffer, Error, Granularity, Module, PinnedBuffer, ReadWrite, Stream,
     VirtualBuffer, allocation_granularity,
 };
 
-/// `count(u32 *counter)`: one thread adds one to `*counter`, atomically.
-const COUNT_PTX: &str = r"
-.version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry count(.param .u64 param_counter)
-{
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<3>;
-    ld.param.u64 %rd1, [param_counter];
-    cvta.to.global.u64 %rd2, %rd1;
-    atom.global.add.u32 %r1, [%rd2], 1;
-    ret;
-}
-";
 const SPIN_PTX: &str = include_str!("../examples/kernels/spin_add_one.ptx");
 
 static SERIAL: Mutex<()> = Mutex::new(());

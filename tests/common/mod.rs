@@ -166,3 +166,20 @@ pub fn raw_disable_peer(from: &Context, to: &Context) -> u32 {
     // SAFETY: `from` is current (bound just above); `to` is a retained context.
     unsafe { cuCtxDisablePeerAccess(to.as_raw().cast()) }
 }
+
+/// `count(u32 *counter)`: one thread adds one to `*counter`, atomically.
+pub const COUNT_PTX: &str = r"
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry count(.param .u64 param_counter)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [param_counter];
+    cvta.to.global.u64 %rd2, %rd1;
+    atom.global.add.u32 %r1, [%rd2], 1;
+    ret;
+}
+";
