@@ -223,6 +223,64 @@ fn the_worker_releases_retired_pages_with_no_call_of_the_caller() {
     assert_eq!(free(&ctx) - before, 2 * g, "their memory is free");
 }
 
+/// Four pages taken from a reserve of eight and retired at once, behind no work, while the
+/// reserve has room for them: the counts once every retired page has been handled.
+fn retire_with_room(
+    kv: &mut VirtualBuffer,
+    stream: &Stream,
+    device: cuda_vmm::Device,
+    g: usize,
+) -> BufferStats {
+    kv.reserve_ahead(ReserveOptions::new(device, g, 8)).unwrap();
+    wait_for(kv, "eight pages ahead", |s| s.reserve_pages == 8);
+    for _ in 0..4 {
+        kv.grow(device, g).unwrap();
+    }
+    assert_eq!(kv.retire_after(stream, ..4 * g).unwrap(), 4);
+    let start = Instant::now();
+    while kv.retired_bytes() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waited 10 s for the retired pages"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    kv.stats()
+}
+
+/// The memory of an exportable buffer's retired pages is released, never made a page of the
+/// reserve again: a process that imported a handle of it may still map it, and would see (and
+/// write) the bytes of the next page made of it. The same retires on a plain buffer recycle some
+/// of their memory (so the scenario reaches the recycling path); on an exportable one, none.
+#[test]
+fn memory_made_exportable_is_released_never_recycled() {
+    let _serial = serial();
+    let test = "memory_made_exportable_is_released_never_recycled";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let mut plain = VirtualBuffer::new(16 * g, &[device], ReadWrite).unwrap();
+    let plain_stats = retire_with_room(&mut plain, &stream, device, g);
+    println!("plain buffer: {plain_stats:?}");
+    assert!(
+        plain_stats.reserve_recycled > 0,
+        "the scenario recycled nothing on a plain buffer: {plain_stats:?}"
+    );
+    plain.free().unwrap();
+    let mut exportable =
+        cuda_vmm::owned::ExportableBuffer::new(16 * g, &[device], ReadWrite).unwrap();
+    let stats = retire_with_room(&mut exportable, &stream, device, g);
+    println!("exportable buffer: {stats:?}");
+    assert_eq!(
+        stats.reserve_recycled, 0,
+        "exportable memory used again: {stats:?}"
+    );
+    assert_eq!(stats.pages_released, 4);
+    exportable.free().unwrap();
+}
+
 #[test]
 fn the_bound_holds_under_16_threads_mapping_and_retiring() {
     let _serial = serial();

@@ -180,7 +180,9 @@ pub struct BufferStats {
     /// also counts in `pages_released`).
     pub released_in_background: u64,
     /// Retired pages the reserve's worker unmapped and mapped again into the reserve, their memory
-    /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created`. Every page
+    /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created`. Memory
+    /// made exportable (an [`ExportableBuffer`](super::ExportableBuffer)'s) is never kept: a
+    /// process that imported it may still map it. Every page
     /// mapped is released or recycled in the end:
     /// `pages_mapped == pages_released + reserve_recycled` once none is mapped.
     pub reserve_recycled: u64,

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use crate::device::{Context, Device};
 use crate::error::{DriverError, Error};
 use crate::vmm::access::AccessMode;
-use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
+use crate::vmm::physical::{AllocationOptions, HandleKinds, PhysicalAllocation, check_multiple};
 
 use super::ahead::{IDLE, ReserveOptions, Shared, Worker, give_back};
 use super::page::{Backing, Memory};
@@ -278,12 +278,22 @@ impl Job {
     }
 
     /// The memory of `backing`, unmapped, where it can be a page of the reserve (`wanted`, owned by
-    /// the buffer, of the reserve's size, device and options), else `backing` back.
+    /// the buffer, of the reserve's size, device and options, and exportable as no handle kind),
+    /// else `backing` back.
+    ///
+    /// Memory made exportable is never used again: a handle of it may have been exported, and the
+    /// process that imported it keeps the memory mapped after this buffer lets go of it, so a page
+    /// made of it again would hand the next bytes written there to that process, and let it write
+    /// them. It is released, which frees it once every importer has too.
     fn recyclable(&self, backing: Backing, wanted: bool) -> Result<PhysicalAllocation, Backing> {
         let fits = wanted
             && backing.device == self.device
             && backing.memory.size() == self.size
-            && matches!(&backing.memory, Memory::Own(m) if m.options() == self.allocation);
+            && matches!(
+                &backing.memory,
+                Memory::Own(m) if m.options() == self.allocation
+                    && m.options().handle_kinds() == HandleKinds::NONE
+            );
         match backing.memory {
             Memory::Own(memory) if fits => Ok(memory),
             memory => Err(Backing {
