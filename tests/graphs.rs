@@ -4,7 +4,7 @@
 //! a capture that neither refuses nor is invalidated by another thread's waits; and a graph parked
 //! across an eviction, refused while the range is evicted and replayed after the restore, and one
 //! dropped after its module was unloaded; and a graph writing a claimed page replayed while the
-//! buffer grows (`claim_bytes_mut`). Every test skips
+//! buffer grows (`claim_bytes_mut`); one graph replayed from 8 threads at once. Every test skips
 //! visibly without a GPU. The tests take one lock, since some measure free memory.
 
 mod common;
@@ -859,4 +859,55 @@ fn a_graph_writing_a_page_is_replayed_while_the_buffer_grows() {
         "each replay counted once in the captured page"
     );
     cache.free().unwrap();
+}
+
+/// One graph replayed from 8 threads of one scope at once, 1 000 times each: the driver's graph
+/// objects are not internally synchronized, so the crate queues one thread's `cuGraphLaunch` at a
+/// time; every replay runs, and the counter the graph bumps counts them all.
+#[test]
+fn one_graph_replayed_from_eight_threads_at_once_counts_every_replay() {
+    const THREADS: usize = 8;
+    const REPLAYS: usize = 1000;
+    let _serial = serial();
+    let Some((_, ctx)) =
+        gpu_or_skip("one_graph_replayed_from_eight_threads_at_once_counts_every_replay")
+    else {
+        return;
+    };
+    let module = load(&ctx, COUNT_PTX);
+    let count = module.function(c"count").unwrap();
+    let mut counter = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
+    let mut capturing = Stream::new(&ctx).unwrap();
+    let streams: Vec<Stream> = (0..THREADS).map(|_| Stream::new(&ctx).unwrap()).collect();
+    {
+        let mut view = counter.as_mut_slice();
+        let graph = Graph::capture(&mut capturing, |c| {
+            // SAFETY: count(u32*) adds one to the first value of the view.
+            unsafe { c.launch(&count, (1, 1, 1), (1, 1, 1), (&mut view,))? };
+            Ok(())
+        })
+        .unwrap();
+        cuda_vmm::scope(|s| {
+            thread::scope(|t| {
+                let handles: Vec<_> = streams
+                    .iter()
+                    .map(|stream| {
+                        let (work, graph) = (s.on(stream), &graph);
+                        t.spawn(move || -> Result<(), Error> {
+                            for _ in 0..REPLAYS {
+                                work.launch_graph(graph)?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .try_for_each(|handle| handle.join().unwrap())
+            })
+        })
+        .unwrap();
+    }
+    let replays = u32::try_from(THREADS * REPLAYS).unwrap();
+    assert_eq!(counter.as_slice().to_vec().unwrap(), vec![replays]);
 }

@@ -29,6 +29,7 @@ use core::cell::RefCell;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr;
+use std::sync::PoisonError;
 
 use bytemuck::Pod;
 
@@ -155,6 +156,9 @@ struct Instance {
     /// The bytes the graph's copies and memsets touch, and those of kernel launches that were
     /// refused or whose node was not found (the kernels keep their own).
     touches: Vec<Touch>,
+    /// Held across each `cuGraphLaunch`: the driver's graph objects are not internally
+    /// synchronized, so replays from two threads are queued one at a time.
+    launches: std::sync::Mutex<()>,
 }
 
 // SAFETY: a graph and its instantiation are driver objects, not thread-local state; the driver API
@@ -162,8 +166,8 @@ struct Instance {
 // memory it borrows. The kernels' handles are names the driver resolves, read only through `&mut`
 // (a new set of arguments) or copied.
 unsafe impl Send for Instance {}
-// SAFETY: `&Instance` gives only replays (`cuGraphLaunch`, which the driver orders behind the
-// graph's earlier launches, through `&Graph`) and reads of its fields.
+// SAFETY: `&Instance` gives only replays (`cuGraphLaunch`, one thread at a time under `launches`,
+// which the driver orders behind the graph's earlier launches) and reads of its fields.
 unsafe impl Sync for Instance {}
 
 /// One captured kernel launch: its node, what a new set of arguments keeps, and what a rebind
@@ -194,6 +198,17 @@ impl Instance {
             .field("id", &self.id)
             .field("kernels", &self.kernels.len())
             .finish_non_exhaustive()
+    }
+
+    /// `cuGraphLaunch` on `stream`, one thread at a time.
+    ///
+    /// # Safety
+    /// The graph's context is current, `stream` a live stream of it, and every byte and kernel the
+    /// graph touches stays valid until the replay has run.
+    unsafe fn launch(&self, stream: sys::CUstream) -> Result<(), Error> {
+        let _one = self.launches.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: this instantiation, launched one thread at a time; the rest is the caller's.
+        Ok(check(unsafe { sys::cuGraphLaunch(self.exec, stream) })?)
     }
 
     /// Every range the graph's work touches: its copies' and memsets', and its kernels'.
@@ -298,6 +313,7 @@ impl<'g> Graph<'g> {
                 id,
                 kernels: capture.kernels.into_inner(),
                 touches,
+                launches: std::sync::Mutex::new(()),
             },
             _borrows: PhantomData,
         })
@@ -393,18 +409,6 @@ impl<'g> Graph<'g> {
     #[must_use]
     pub fn kernels(&self) -> usize {
         self.inner.kernels.len()
-    }
-
-    /// `cuGraphLaunch` on `stream`, for [`ScopedStream::launch_graph`], which checks the device and
-    /// admits the work first.
-    pub(super) fn launch_on(&self, stream: sys::CUstream) -> Result<(), Error> {
-        // SAFETY: `exec` is this graph's instantiation, in the current context (the scoped stream's,
-        // of the graph's device: checked by the caller). Its work uses only what the graph borrows
-        // for `'g`, which outlives the scope that borrows the graph for the replay and waits for
-        // its stream.
-        Ok(check(unsafe {
-            sys::cuGraphLaunch(self.inner.exec, stream)
-        })?)
     }
 }
 
@@ -599,7 +603,10 @@ impl<'scope> ScopedStream<'scope> {
             });
         }
         self.admit()?;
-        graph.launch_on(self.as_raw())
+        // SAFETY: the graph's context is this stream's (the device is checked, `admit` bound it).
+        // Its work uses only what the graph borrows for `'g`, which outlives the scope that borrows
+        // the graph for the replay and waits for its stream.
+        unsafe { graph.inner.launch(self.as_raw()) }
     }
 }
 
