@@ -11,7 +11,8 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cuda_vmm::owned::{BufferStats, ReserveOptions};
+use cuda_vmm::ipc::DmaBufLayout;
+use cuda_vmm::owned::{BufferStats, PageOptions, ReserveOptions};
 use cuda_vmm::{
     Context, DriverError, Error, Granularity, ReadWrite, Stream, VirtualBuffer,
     allocation_granularity,
@@ -231,11 +232,24 @@ fn retire_with_room(
     device: cuda_vmm::Device,
     g: usize,
 ) -> BufferStats {
+    retire_with_room_after(kv, stream, device, g, |_| ())
+}
+
+/// As [`retire_with_room`], with `between` done to the buffer after the four pages are taken and
+/// before they are retired.
+fn retire_with_room_after(
+    kv: &mut VirtualBuffer,
+    stream: &Stream,
+    device: cuda_vmm::Device,
+    g: usize,
+    between: impl FnOnce(&VirtualBuffer),
+) -> BufferStats {
     kv.reserve_ahead(ReserveOptions::new(device, g, 8)).unwrap();
     wait_for(kv, "eight pages ahead", |s| s.reserve_pages == 8);
     for _ in 0..4 {
         kv.grow(device, g).unwrap();
     }
+    between(kv);
     assert_eq!(kv.retire_after(stream, ..4 * g).unwrap(), 4);
     let start = Instant::now();
     while kv.retired_bytes() > 0 {
@@ -279,6 +293,49 @@ fn memory_made_exportable_is_released_never_recycled() {
     );
     assert_eq!(stats.pages_released, 4);
     exportable.free().unwrap();
+}
+
+/// The memory of pages a dma-buf was exported of is released, never made a page of the reserve
+/// again: a network adapter's registration of the descriptor may keep the memory after the buffer
+/// lets it go. The same retires on the same kind of buffer with nothing exported recycle some of
+/// their memory (so the scenario reaches the recycling path); after an export, none. Skips where
+/// the device exports no dma-buf.
+#[test]
+fn pages_exported_as_a_dma_buf_are_released_never_recycled() {
+    let _serial = serial();
+    let test = "pages_exported_as_a_dma_buf_are_released_never_recycled";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let caps = device.capabilities().unwrap();
+    if !caps.dma_buf {
+        common::skip(&format!(
+            "{test}: the device exports no dma-buf (attribute 124)"
+        ));
+        return;
+    }
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let options = PageOptions::new().with_rdma(caps.gpu_direct_rdma_with_vmm);
+    let mut plain = VirtualBuffer::with_options(16 * g, &[device], ReadWrite, options).unwrap();
+    let plain_stats = retire_with_room(&mut plain, &stream, device, g);
+    println!("nothing exported: {plain_stats:?}");
+    assert!(
+        plain_stats.reserve_recycled > 0,
+        "the scenario recycled nothing: {plain_stats:?}"
+    );
+    plain.free().unwrap();
+    let mut kv = VirtualBuffer::with_options(16 * g, &[device], ReadWrite, options).unwrap();
+    let stats = retire_with_room_after(&mut kv, &stream, device, g, |kv| {
+        drop(kv.export_dma_buf(..4 * g, DmaBufLayout::PerPage).unwrap());
+    });
+    println!("exported as dma-bufs: {stats:?}");
+    assert_eq!(
+        stats.reserve_recycled, 0,
+        "exported memory used again: {stats:?}"
+    );
+    assert_eq!(stats.pages_released, 4);
+    kv.free().unwrap();
 }
 
 #[test]

@@ -82,15 +82,20 @@ impl<M: AccessMode> VirtualBuffer<M> {
             });
         }
         let pages: Vec<Planned> = {
-            let table = self.lock();
+            let mut table = self.lock();
             table.usable(start, end)?;
-            table
+            let pages = table
                 .pages_in(start, end)?
                 .filter_map(|p| {
                     let key = (p.device()?, p.allocation()?.options());
                     Some((p.offset(), p.end(), key))
                 })
-                .collect()
+                .collect();
+            // Before any export: whoever imports a descriptor may keep the memory after this
+            // buffer lets it go, so it is never made a page again (marked also where the export
+            // fails: the memory is then only released, as a buffer with no reserve releases it).
+            table.mark_exported(start, end);
+            pages
         };
         // The pages stay as they are from here on: every change of them takes `&mut self`, and
         // the lock is let go only so that growth elsewhere in the buffer need not wait.

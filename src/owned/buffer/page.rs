@@ -243,11 +243,15 @@ impl Memory {
     }
 }
 
-/// What a mapped page holds: its memory, and the device the memory was created on (every page of
-/// a buffer is device memory).
+/// What a mapped page holds: its memory, the device the memory was created on (every page of a
+/// buffer is device memory), and whether a dma-buf of it was ever exported.
 pub(super) struct Backing {
     pub(super) memory: Memory,
     pub(super) device: Device,
+    /// A dma-buf of the page was exported ([`VirtualBuffer::export_dma_buf`](super::VirtualBuffer::export_dma_buf)):
+    /// whoever imported it (a network adapter's registration) may keep the memory after this
+    /// buffer lets it go, so the memory is released at the end, never made a page again.
+    pub(super) exported: bool,
 }
 
 /// One evicted page: where it was, its size and its device.

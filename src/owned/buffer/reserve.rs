@@ -281,12 +281,14 @@ impl Job {
     /// the buffer, of the reserve's size, device and options, and exportable as no handle kind),
     /// else `backing` back.
     ///
-    /// Memory made exportable is never used again: a handle of it may have been exported, and the
-    /// process that imported it keeps the memory mapped after this buffer lets go of it, so a page
-    /// made of it again would hand the next bytes written there to that process, and let it write
-    /// them. It is released, which frees it once every importer has too.
+    /// Memory made exportable, or a page a dma-buf was exported of, is never used again: a handle
+    /// of it may have been exported, and whoever imported it (another process, a network adapter)
+    /// keeps the memory after this buffer lets go of it, so a page made of it again would hand the
+    /// next bytes written there to that importer, and let it write them. It is released, which
+    /// frees it once every importer has too.
     fn recyclable(&self, backing: Backing, wanted: bool) -> Result<PhysicalAllocation, Backing> {
         let fits = wanted
+            && !backing.exported
             && backing.device == self.device
             && backing.memory.size() == self.size
             && matches!(
@@ -299,6 +301,7 @@ impl Job {
             memory => Err(Backing {
                 memory,
                 device: backing.device,
+                exported: backing.exported,
             }),
         }
     }
@@ -326,6 +329,7 @@ impl Job {
         let backing = Backing {
             memory: Memory::Own(memory),
             device: self.device,
+            exported: false,
         };
         // SAFETY: `[offset, offset + size)` is marked `Filling` in the table, under its lock, for
         // this worker alone: it was vacant, it lies inside the budget (the reserve's slots do), it

@@ -544,6 +544,19 @@ impl Table<Backing> {
     }
 
     /// The pages inside `[start, end)`, a page the range would cut refused.
+    /// Marks the live pages inside `[start, end)` as pages a dma-buf was exported of: their memory
+    /// is released at the end, never made a page again ([`Backing::exported`]).
+    pub(super) fn mark_exported(&mut self, start: usize, end: usize) {
+        let Ok(span) = pages_inside(&self.slots, start, end) else {
+            return;
+        };
+        for slot in self.slots.get_mut(span).into_iter().flatten() {
+            if let Page::Live(backing) = &mut slot.page {
+                backing.exported = true;
+            }
+        }
+    }
+
     pub(super) fn pages_in(
         &self,
         start: usize,

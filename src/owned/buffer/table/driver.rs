@@ -39,8 +39,16 @@ impl Table<Backing> {
     ) -> Result<(), Error> {
         let end = offset.saturating_add(memory.size());
         let index = self.vacant(offset, end)?;
-        let Mapping { page, result } =
-            self.map_memory(offset, Backing { memory, device }, access, flags);
+        let Mapping { page, result } = self.map_memory(
+            offset,
+            Backing {
+                memory,
+                device,
+                exported: false,
+            },
+            access,
+            flags,
+        );
         let size = end.saturating_sub(offset);
         if result.is_ok() {
             self.moved_cursor(end);
@@ -112,6 +120,7 @@ impl Table<Backing> {
         let backing = Backing {
             memory,
             device: piece.device,
+            exported: false,
         };
         let Mapping { page, result } = self.map_memory(piece.offset, backing, access, flags);
         if let (Some((page, epoch)), Some(slot)) = (page, self.slots.get_mut(index)) {
