@@ -8,12 +8,12 @@ use core::ops::{Range, RangeBounds};
 
 use bytemuck::Pod;
 
-use super::{BUDGET, VirtualBuffer};
+use super::VirtualBuffer;
 use crate::device::{Context, Device};
 use crate::error::Error;
 use crate::stream::{Covers, Rebind};
-use crate::view::{DeviceSliceMut, Reach, range_bounds};
-use crate::vmm::access::{ReadWrite, elements};
+use crate::view::{DeviceSliceMut, Reach};
+use crate::vmm::access::ReadWrite;
 
 /// The bytes `[start, end)` of a [`VirtualBuffer`] claimed for one writer
 /// ([`VirtualBuffer::claim_bytes_mut`]), borrowing the buffer shared rather than exclusively.
@@ -106,9 +106,7 @@ impl VirtualBuffer<ReadWrite> {
         &self,
         bytes: impl RangeBounds<usize>,
     ) -> Result<ClaimedRange<'_, T>, Error> {
-        let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
-        elements::<T>(end - start)?;
-        elements::<T>(start)?;
+        let (start, end, _) = self.element_range::<T>(bytes)?;
         let context = self.first_context()?;
         self.lock().hold(start, end)?;
         Ok(ClaimedRange {

@@ -15,7 +15,7 @@ use crate::stream::Rewritable;
 use crate::stream::lend::{Origin, Registry};
 use crate::stream::{DeviceInFlight, Scope, Stream};
 use crate::view::{DeviceSlice, Reach, range_bounds};
-use crate::vmm::access::{AccessMode, ReadWrite, elements};
+use crate::vmm::access::{AccessMode, ReadWrite};
 
 mod evict;
 mod read_back;
@@ -252,20 +252,9 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         context: &'scope Context,
         write: bool,
     ) -> Result<(DeviceSlice<'scope, T>, Origin<'scope>), Error> {
-        let (start, end, len) = self.element_range::<T>(bytes)?;
+        let (start, end, len) = self.buffer.element_range::<T>(bytes)?;
         let epoch = self.buffer.lock().claim(start, end, write)?;
         Ok(self.lent_view(start, len, context, epoch))
-    }
-
-    /// `bytes` as a range of whole `T`s inside the budget: its start, end and length in `T`s.
-    fn element_range<T: Pod>(
-        &self,
-        bytes: impl RangeBounds<usize>,
-    ) -> Result<(usize, usize, usize), Error> {
-        let (start, end) = range_bounds(bytes, self.buffer.budget, BUDGET)?;
-        let len = elements::<T>(end - start)?;
-        elements::<T>(start)?;
-        Ok((start, end, len))
     }
 
     /// The view of `len` `T`s from byte `start`, copied through `context`, and where it came from,

@@ -13,23 +13,35 @@ use crate::view::{DeviceSlice, DeviceSliceMut, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite, elements};
 
 impl<M: AccessMode> VirtualBuffer<M> {
-    /// `[base + start, base + end)` for a view of `T`s, checked: whole elements, mapped and granted.
-    fn view_range<T>(&self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
+    /// `bytes` as a range of whole `T`s inside the budget: its start, end and length in `T`s.
+    /// Element `i` of a view of it is element `start / size_of::<T>() + i` of the buffer.
+    pub(super) fn element_range<T>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+    ) -> Result<(usize, usize, usize), Error> {
         let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
         let len = elements::<T>(end - start)?;
-        // Element `i` of the view is element `start / size_of::<T>() + i` of the buffer.
         elements::<T>(start)?;
+        Ok((start, end, len))
+    }
+
+    /// `[base + start, base + end)` for a view of `T`s, checked: whole elements, mapped and granted,
+    /// and held by no claim.
+    fn view_range<T>(&self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
+        let (start, end, len) = self.element_range::<T>(bytes)?;
         let table = self.lock();
         table.usable(start, end)?;
         table.not_held(start, end)?;
         Ok((self.base.wrapping_add(start as u64), len))
     }
 
-    /// As `view_range`, for a view made through `&mut self`: no claim lives, so the holds that
-    /// forgotten ones left are let go first.
+    /// As `view_range`, for a view made through `&mut self`: no claim lives, so the table taken
+    /// through `table_mut` has let go of the holds that forgotten ones left, and only the pages are
+    /// checked.
     fn view_range_mut<T>(&mut self, bytes: impl RangeBounds<usize>) -> Result<(u64, usize), Error> {
-        self.table_mut().forget_holds();
-        self.view_range::<T>(bytes)
+        let (start, end, len) = self.element_range::<T>(bytes)?;
+        self.table_mut().usable(start, end)?;
+        Ok((self.base.wrapping_add(start as u64), len))
     }
 
     /// For a registration with a communicator on `device`, which holds the buffer exclusively: the

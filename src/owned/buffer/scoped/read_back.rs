@@ -89,7 +89,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
                       (`Scope::on`), which its retires record their events on",
             });
         }
-        let (start, end, len) = self.element_range::<T>(bytes)?;
+        let (start, end, len) = buffer.element_range::<T>(bytes)?;
         let context = buffer.context_of(on.device())?;
         if on.is_capturing()? {
             return Err(Error::StreamCapturing {
@@ -215,7 +215,7 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
                       (`Scope::on`), which its retires record their events on",
             });
         }
-        let (start, end, len) = self.element_range::<T>(bytes)?;
+        let (start, end, len) = buffer.element_range::<T>(bytes)?;
         let context = buffer.context_of(on.device())?;
         let streams = self.streams;
         let each: EachStream<'_> =
