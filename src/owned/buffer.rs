@@ -396,7 +396,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///
     /// Takes `&mut self`, so no view (which carries the devices that reach its memory) lives across the
     /// change. A reserve ([`reserve_ahead`](VirtualBuffer::reserve_ahead)) is given back first and
-    /// started again after the change, its pages then granted the new set.
+    /// started again after the change, its pages then granted the new set; a page retired before
+    /// the change keeps the old set's grants, so it is never recycled in place into the reserve
+    /// (it is unmapped, as without a reserve).
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for an empty list, before any driver call. A refused grant: the access set
