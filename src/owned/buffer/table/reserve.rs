@@ -267,7 +267,8 @@ impl<P> Table<P> {
     /// offset and becomes a page of the reserve, which a map of exactly its range and device then
     /// takes, where
     /// - the reserve runs and holds fewer pages than its bound (`Ready` and `Filling` counted, the
-    ///   pages recycled here included): it never holds more;
+    ///   pages recycled here included): it never holds more. A refused fill's fault, which stops
+    ///   the fills until a map returns it, does not stop this: no page is made;
     /// - the page is the reserve's kind: of its page size, and `fits` (the worker's answer: owned
     ///   by the buffer, not a share of a shared page, of the reserve's device and allocation
     ///   options, not exportable to another process, never exported as a dma-buf);
