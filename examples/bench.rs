@@ -2357,7 +2357,7 @@ const DECODE_RESERVE: usize = DECODE_STEPS / DECODE_EVERY;
 /// again `DECODE_RESERVE` maps (a run) after its page was retired: the retire's events have
 /// completed by then (the GPU keeps pace with the host within a run, and the scope's wait ends
 /// each run), and the worker, which looks at them every 100 us while retires wait, has recycled
-/// the page (a map of a retired page the worker has not taken yet would be refused).
+/// the page; where it has not yet, the map takes the page in place itself (a `cuEventQuery`).
 const DECODE_RESERVE_RING: usize = DECODE_RESERVE + 1;
 
 /// What a decode row runs: the kernel's spin, how far the host runs ahead, the runs of each loop,

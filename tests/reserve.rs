@@ -582,6 +582,64 @@ fn a_page_retired_before_an_access_change_is_not_recycled_in_place() {
     assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
 }
 
+/// A map of a page's range right after its retire has finished takes the page where it is, with
+/// no VMM call, whether the worker recycled it in place first or the map finds it still retired
+/// (the map then takes it itself): a hundred rounds, which see both as the threads run. Without
+/// the map's own take, a map that comes before the worker would be refused (the page retired).
+#[test]
+fn a_map_right_after_a_retire_of_its_range_takes_the_page_in_place() {
+    let _serial = serial();
+    let test = "a_map_right_after_a_retire_of_its_range_takes_the_page_in_place";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, 4)).unwrap();
+    assert_eq!(kv.grow(device, g).unwrap(), 0);
+    let before = wait_for(&kv, "the other slots made ahead", |s| s.reserve_pages == 3);
+    let rounds = 100u32;
+    for round in 0..rounds {
+        kv.slice_bytes_mut::<u32>(..g)
+            .unwrap()
+            .copy_from_host(&vec![round; g / 4])
+            .unwrap();
+        assert_eq!(kv.retire_after(&stream, ..g).unwrap(), 1);
+        stream.synchronize().unwrap();
+        kv.map_page(0, device, g)
+            .unwrap_or_else(|e| panic!("round {round}: the map was refused: {e}"));
+        let back = kv.slice_bytes::<u32>(..g).unwrap().to_vec().unwrap();
+        assert!(
+            back.iter().all(|&v| v == round),
+            "round {round}: not the same page"
+        );
+    }
+    let stats = kv.stats();
+    println!("{stats:?}");
+    assert_eq!(
+        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
+        (
+            before.map_calls,
+            before.unmap_calls,
+            before.set_access_calls
+        ),
+        "a VMM call: {stats:?}"
+    );
+    assert_eq!(
+        stats.reserve_recycled_in_place - before.reserve_recycled_in_place,
+        u64::from(rounds)
+    );
+    assert_eq!(
+        stats.reserve_taken - before.reserve_taken,
+        u64::from(rounds)
+    );
+    assert!(balanced(&stats), "{stats:?}");
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
+}
+
 unsafe extern "C" {
     fn cuStreamBeginCapture_v2(stream: *mut core::ffi::c_void, mode: u32) -> u32;
     fn cuStreamEndCapture(

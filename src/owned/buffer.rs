@@ -436,7 +436,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     }
 
     /// Checks a new page and maps it: at `offset`, or after the last page. Its offset. Where a
-    /// reserve runs, a page of it at exactly that range, of `device`, is taken (no driver call);
+    /// reserve runs, a page of it at exactly that range, of `device`, is taken (no driver call),
+    /// or a retired page there whose work has finished and which the worker could recycle in
+    /// place but has not yet (`cuEventQuery` of its retire, no VMM call);
     /// else the reserve's last fault is returned, if it keeps one; else pages of the reserve in
     /// the range are given back and the page is made here. A range the worker is filling is waited
     /// for (it is then taken, or the range is a hole again).
@@ -454,7 +456,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
             table = self.shared.wait(table);
         };
         if table.reserving() {
-            if table.take_ready(offset, end, |b| b.device == device) {
+            if table.take_ready(offset, end, |b| b.device == device)
+                || table
+                    .take_finished_retired(offset, end, |b| b.recyclable_as(device, size, options))
+            {
                 self.shared.wake_worker(&table);
                 return Ok(offset);
             }

@@ -189,7 +189,8 @@ pub struct BufferStats {
     pub reserve_recycled: u64,
     /// Retired pages that became pages of the reserve where they were, still mapped and granted:
     /// no driver call at all (no `cuMemUnmap`, `cuMemMap` or `cuMemSetAccess`). A map of exactly
-    /// such a page's range then takes it (`reserve_taken`). Only pages the reserve would make
+    /// such a page's range then takes it (`reserve_taken`); a map that comes before the worker,
+    /// once the retire has finished, takes the page there itself, and counts in both. Only pages the reserve would make
     /// (its size, device and options, owned by the buffer), granted to the current access set,
     /// lying where the reserve fills next, and while it holds less than its bound.
     pub reserve_recycled_in_place: u64,
@@ -259,6 +260,29 @@ pub(super) struct Backing {
     /// whoever imported it (a network adapter's registration) may keep the memory after this
     /// buffer lets it go, so the memory is released at the end, never made a page again.
     pub(super) exported: bool,
+}
+
+impl Backing {
+    /// Whether this memory can be a page of the reserve kept where it is mapped (recycled in
+    /// place): `size` bytes of `device`'s memory made with `allocation` options, owned by the
+    /// buffer (a share of a [`SharedPage`] is memory other mappings use), and exportable as no
+    /// handle kind and never exported as a dma-buf, so that nobody who imported it (another
+    /// process, a network adapter) reads what the next page writes.
+    pub(super) fn recyclable_as(
+        &self,
+        device: Device,
+        size: usize,
+        allocation: AllocationOptions,
+    ) -> bool {
+        !self.exported
+            && self.device == device
+            && matches!(
+                &self.memory,
+                Memory::Own(m) if m.size() == size
+                    && m.options() == allocation
+                    && m.options().handle_kinds() == HandleKinds::NONE
+            )
+    }
 }
 
 /// One evicted page: where it was, its size and its device.

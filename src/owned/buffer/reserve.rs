@@ -39,7 +39,7 @@ use std::sync::Arc;
 use crate::device::{Context, Device};
 use crate::error::{DriverError, Error};
 use crate::vmm::access::AccessMode;
-use crate::vmm::physical::{AllocationOptions, HandleKinds, PhysicalAllocation, check_multiple};
+use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 
 use super::ahead::{IDLE, ReserveOptions, Shared, Worker, give_back};
 use super::page::{Backing, Memory};
@@ -75,7 +75,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///   [`end`](VirtualBuffer::end) leave it out.
     /// - **Other maps.** A map of another size or device over pages of the reserve gives them back
     ///   first (`cuMemUnmap`, `cuMemRelease` on the calling thread); a map of a range the worker
-    ///   is filling waits until it is done (it is then taken).
+    ///   is filling waits until it is done (it is then taken). A map of exactly the range of a
+    ///   retired page that the worker would recycle in place but has not yet, whose retire's
+    ///   events have all completed (`cuEventQuery` on the calling thread), takes it in place, with
+    ///   no VMM call.
     /// - **Faults.** A refused fill (`cuMemCreate` out of memory, say) stops the refills, and is
     ///   returned by the next map or grow that would have used the reserve (one whose range holds
     ///   no page of it), after which the refills start again. No page is lost: the slot is a hole
@@ -313,21 +316,11 @@ impl Job {
         }
     }
 
-    /// Whether a retired page's memory is of the kind the reserve makes, for a recycle in place
-    /// or a map again into the reserve (the table checks the rest for a recycle in place: its
-    /// grants, place and the bound): owned by the buffer (a share of a shared page is memory
-    /// other mappings use), of the reserve's size, device and allocation options, exportable as
-    /// no handle kind and never exported as a dma-buf, so that nobody who imported it could read
-    /// what the next page writes there.
+    /// Whether a retired page's memory is of the kind the reserve makes ([`Backing::recyclable_as`]),
+    /// for a recycle in place or a map again into the reserve (the table checks the rest for a
+    /// recycle in place: its grants, place and the bound).
     fn fits_in_place(&self, backing: &Backing) -> bool {
-        !backing.exported
-            && backing.device == self.device
-            && matches!(
-                &backing.memory,
-                Memory::Own(m) if m.size() == self.size
-                    && m.options() == self.allocation
-                    && m.options().handle_kinds() == HandleKinds::NONE
-            )
+        backing.recyclable_as(self.device, self.size, self.allocation)
     }
 
     /// `cuMemCreate` (unless `recycled` memory is given), `cuMemMap`, `cuMemSetAccess` of one page

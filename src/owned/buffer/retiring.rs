@@ -146,6 +146,20 @@ impl Retires {
         finished
     }
 
+    /// `cuEventQuery` — whether the retire `ticket` waits here and every one of its events has
+    /// completed (its pages then used by no queued work), without taking it: `false` for a ticket
+    /// not waiting here (its events not recorded yet, or taken already), or an event whose query
+    /// fails.
+    pub(super) fn is_finished(&self, ticket: Ticket) -> bool {
+        self.waiting.iter().any(|retire| {
+            retire.ticket == ticket
+                && retire
+                    .events
+                    .iter()
+                    .all(|event| event.is_complete().unwrap_or(false))
+        })
+    }
+
     /// Waits for the work of every retire (each event: the one wait, which returns only once it
     /// has completed, or aborts), and forgets them. Every event is tried; the first error.
     pub(super) fn wait_all(&mut self) -> Result<(), Error> {

@@ -673,6 +673,19 @@ impl Table<Backing> {
         self.start_release(&tickets, fits)
     }
 
+    /// `cuEventQuery` — a map of exactly `[offset, end)` takes the retired page there where the
+    /// reserve's worker has not recycled it in place yet but could (its retire finished, the page
+    /// of the reserve's kind and `fits` the map): see [`take_retired`](Table::take_retired).
+    /// Queries the events of that one retire only, and only where the page qualifies otherwise.
+    pub(super) fn take_finished_retired(
+        &mut self,
+        offset: usize,
+        end: usize,
+        fits: impl Fn(&Backing) -> bool,
+    ) -> bool {
+        self.take_retired(offset, end, fits, Retires::is_finished)
+    }
+
     /// A spare event of `context`'s device, or a new one.
     pub(super) fn spare_event(&mut self, context: &Context) -> Result<Event, Error> {
         self.retires.spare_event(context)

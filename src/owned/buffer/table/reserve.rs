@@ -9,7 +9,7 @@
 use crate::error::Error;
 use crate::owned::pages::{Span, insertion_point};
 
-use super::super::retiring::Ticket;
+use super::super::retiring::{Retires, Ticket};
 use super::{Page, Reserve, Slot, Table, bump};
 
 /// What the worker's fill of a slot left: the page (`Ready`), a page mapped whose grant failed and
@@ -343,15 +343,63 @@ impl<P> Table<P> {
         ticket: Ticket,
         fits: impl Fn(&P) -> bool,
     ) -> bool {
+        self.reserves_kind(slot, ticket, fits) && self.ahead_of_cursor(slot.offset)
+    }
+
+    /// Whether the page of `slot`, retired by `ticket`, is a page the running reserve could hold:
+    /// of its page size, `fits`, retired granted and not by an eviction, after the last access
+    /// change. Where it lies aside.
+    fn reserves_kind(&self, slot: &Slot<P>, ticket: Ticket, fits: impl Fn(&P) -> bool) -> bool {
         let granted_now = self.stale_grants.is_none_or(|stale| ticket > stale);
         self.reserving()
             && granted_now
             && slot.size == self.reserve.size
-            && self.ahead_of_cursor(slot.offset)
             && matches!(
                 &slot.page,
                 Page::Retired { page, evicted: false, granted: true, .. } if fits(page)
             )
+    }
+
+    /// A map of exactly `[offset, end)` where a retired page lies whose retire has finished
+    /// (`finished` asks the retires, last, and only where the page is of the reserve's kind and
+    /// `fits` the map) but which the worker has not taken yet: the map takes it where it is,
+    /// `Live` again with no VMM call, as though the worker had recycled it in place and the map
+    /// then taken it (it counts as both, and as a page mapped, at a new epoch). Whether it did.
+    /// Sound for the reasons of [`start_release`](Table::start_release); the retire stays with
+    /// the worker, which finds this page no longer retired and takes its other pages.
+    pub(in crate::owned::buffer) fn take_retired(
+        &mut self,
+        offset: usize,
+        end: usize,
+        fits: impl Fn(&P) -> bool,
+        finished: impl FnOnce(&Retires, Ticket) -> bool,
+    ) -> bool {
+        let Some(index) = self.slot_at(offset) else {
+            return false;
+        };
+        let ticket = self.slots.get(index).and_then(|slot| match slot.page {
+            Page::Retired { ticket, .. }
+                if Span::end(slot) == end && self.reserves_kind(slot, ticket, &fits) =>
+            {
+                Some(ticket)
+            }
+            _ => None,
+        });
+        if !ticket.is_some_and(|ticket| finished(&self.retires, ticket)) {
+            return false;
+        }
+        let epoch = self.count_mapped();
+        if let Some(slot) = self.slots.get_mut(index) {
+            if let Page::Retired { page, .. } = core::mem::replace(&mut slot.page, Page::Evicted) {
+                slot.page = Page::Live(page);
+            }
+            slot.epoch = epoch;
+        }
+        bump(&mut self.stats.reserve_recycled_in_place);
+        bump(&mut self.stats.reserve_taken);
+        bump(&mut self.stats.pages_mapped);
+        self.moved_cursor(end);
+        true
     }
 
     /// Whether a page of the reserve at `offset` lies where the worker fills next: less than the

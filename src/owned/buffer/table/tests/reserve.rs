@@ -421,3 +421,76 @@ fn the_window_wraps_round_the_budget_as_the_fills_do() {
         "a cursor at the budget's end fills 0 next"
     );
 }
+
+#[test]
+fn a_map_takes_a_finished_retired_page_in_place_before_the_worker_does() {
+    let mut t = four_pages(3);
+    let retire = t.retire(8, 12, false, || Ok(())).unwrap().unwrap();
+    assert!(
+        !t.take_retired(8, 12, |()| true, |_, _| false),
+        "its retire not finished"
+    );
+    assert!(
+        !t.take_retired(8, 16, |()| true, |_, _| panic!("not asked: another range")),
+        "another range"
+    );
+    assert!(
+        !t.take_retired(8, 12, |()| false, |_, _| panic!("not asked: does not fit")),
+        "not the map's device or options"
+    );
+    assert_eq!(refusal(t.usable(8, 12)), Some((8, 12, RETIRED)));
+    let epoch = t.epoch;
+    assert!(t.take_retired(8, 12, |()| true, |_, ticket| ticket == retire.ticket));
+    assert_eq!(t.usable(8, 12), Ok(()), "live again, where it was");
+    assert_eq!(
+        t.slots.iter().find(|s| s.offset == 8).map(|s| s.epoch),
+        Some(epoch + 1),
+        "at a new epoch: no lend made before reaches it"
+    );
+    let stats = t.stats();
+    assert_eq!(
+        (
+            stats.reserve_recycled_in_place,
+            stats.reserve_taken,
+            stats.pages_mapped
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(stats.reserve_pages, 0);
+    assert!(balanced(&t));
+    assert_eq!(t.retired_bytes(), 0);
+    // The worker finds the retire finished later: its page is the buffer's again, left alone.
+    assert!(t.start_release(&[retire.ticket], |()| true).is_empty());
+    assert_eq!(t.usable(8, 12), Ok(()));
+    assert_eq!(t.stats().reserve_recycled_in_place, 1);
+}
+
+#[test]
+fn a_map_leaves_a_retired_page_the_reserve_could_not_hold() {
+    let unasked = |_: &_, _| -> bool { panic!("the retire is not asked about") };
+    // Retired by an eviction.
+    let mut t = four_pages(3);
+    t.retire(4, 8, true, || Ok(())).unwrap();
+    assert!(!t.take_retired(4, 8, |()| true, unasked), "evicted");
+    // Retired ungranted.
+    let mut t = four_pages(3);
+    t.slots[1].page = Page::Ungranted(());
+    t.retire(4, 8, false, || Ok(())).unwrap();
+    assert!(!t.take_retired(4, 8, |()| true, unasked), "ungranted");
+    // Retired before an access change.
+    let mut t = four_pages(3);
+    t.retire(4, 8, false, || Ok(())).unwrap();
+    t.access_changing();
+    assert!(!t.take_retired(4, 8, |()| true, unasked), "the old grants");
+    // Another size than the reserve's.
+    let mut t = reserving(vec![(0, 8, Page::Live(()))], 3, 4);
+    t.retire(0, 8, false, || Ok(())).unwrap();
+    assert!(!t.take_retired(0, 8, |()| true, unasked), "8 bytes, not 4");
+    // No reserve running.
+    let mut t = four_pages(3);
+    t.stop_reserve();
+    t.retire(4, 8, false, || Ok(())).unwrap();
+    assert!(!t.take_retired(4, 8, |()| true, unasked), "stopped");
+    assert_eq!(refusal(t.check_vacant(4, 8)), Some((4, 8, RETIRED)));
+    assert_eq!(t.stats().reserve_recycled_in_place, 0);
+}
