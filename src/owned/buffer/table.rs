@@ -20,6 +20,7 @@
 //! | `Ready` | a hole | [`take_reserve`](Table::take_reserve) (a trim, a map of another size or device) |
 //! | `Retired` | `Releasing` | [`start_release`](Table::start_release), its ticket's events complete |
 //! | `Retired` | `Ready` | [`start_release`](Table::start_release): recycled in place, where it fits the reserve and its bound: no driver call |
+//! | `Retired` | `Live` | [`take_retired`](Table::take_retired): a map of its range, its retire finished, before the worker recycles it in place |
 //! | `Releasing` | a hole, `Evicted`, `Retired` | [`released`](Table::released), by the worker's unmap |
 //!
 //! A grant that fails and cannot be undone leaves an `Ungranted` page, which nothing views and the
