@@ -2343,12 +2343,22 @@ impl Pacer {
 }
 
 /// The pages a decode row's reserve holds ahead at most: one run's worth (a run maps
-/// `DECODE_STEPS / DECODE_EVERY` pages). The worker makes a page in about the time of the calls it
-/// saves the launch thread (less where it recycles a retired page's memory: no create, no
-/// release), which is longer than 8 host-bound steps, so it falls behind inside a run and catches
-/// up while the preallocated loop of the pair runs. The ring of slots (twice a run, and one) holds
-/// the reserve, the retired pages not yet released and the live page.
+/// `DECODE_STEPS / DECODE_EVERY` pages). With a reserve, the growing buffer's ring has one slot
+/// more than the bound ([`DECODE_RESERVE_RING`]): every slot but the live page's fits in the
+/// reserve, so each retired page, once its work has finished, is recycled in place (no driver
+/// call) and waits there for the map that comes round to its slot, a run later. After the first
+/// fill neither the launch thread nor the worker makes a VMM call; the worker's rounds are
+/// `cuEventQuery` and state changes. The buffer then holds at most the ring: the bound and the
+/// live page, no more than without recycling in place (the bound, the live page and the retired
+/// pages not yet released).
 const DECODE_RESERVE: usize = DECODE_STEPS / DECODE_EVERY;
+
+/// The slots of a decode row's ring with a reserve: the bound and the live page. A slot is mapped
+/// again `DECODE_RESERVE` maps (a run) after its page was retired: the retire's events have
+/// completed by then (the GPU keeps pace with the host within a run, and the scope's wait ends
+/// each run), and the worker, which looks at them every 100 us while retires wait, has recycled
+/// the page; where it has not yet, the map takes the page in place itself (a `cuEventQuery`).
+const DECODE_RESERVE_RING: usize = DECODE_RESERVE + 1;
 
 /// What a decode row runs: the kernel's spin, how far the host runs ahead, the runs of each loop,
 /// and whether the growing buffer has a reserve (`VirtualBuffer::reserve_ahead`).
@@ -2368,10 +2378,12 @@ struct Motion {
 /// pages of a `VirtualBuffer` mapped before, lent the same way, with no map or retire. Both loops
 /// are paced alike (`lead`).
 ///
-/// With `reserve`, the growing buffer has a reserve of [`DECODE_RESERVE`] pages: its worker thread
-/// makes the pages ahead at the slots the loop maps next and releases the retired ones, so the
-/// launch thread's `map_page` takes a page with no driver call where the worker was ahead (the
-/// printed note says how many of the maps did, and how many the worker released). What these rows
+/// With `reserve`, the growing buffer has a reserve of [`DECODE_RESERVE`] pages over a ring of
+/// [`DECODE_RESERVE_RING`] slots: its worker thread makes the pages ahead at the slots the loop
+/// maps next, and recycles each retired page in place once its work has finished (else releases
+/// it), so the launch thread's `map_page` takes a page with no driver call where the worker was
+/// ahead (the printed note says how many of the maps did, how many pages were recycled in place,
+/// how many the worker released, and the VMM calls made in all). What these rows
 /// measure, beside the ratio: whether the worker's `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`,
 /// `cuMemUnmap` and `cuMemRelease`, made on another thread while the launches run, delay the
 /// launches (the host-bound row shows it first: any delay of a launch is a delay of its step).
@@ -2392,7 +2404,12 @@ fn decode_row(
     let pacer = Pacer::new(ctx, lead)?;
     // Slots of the growing buffer: one run maps `DECODE_STEPS / DECODE_EVERY` pages, at slots after
     // the last run's, whose retires the scope's wait finished (so the next map releases them).
-    let ring = 2 * (DECODE_STEPS / DECODE_EVERY + 1);
+    // With a reserve, the ring it covers whole, so its pages are recycled in place.
+    let ring = if reserve {
+        DECODE_RESERVE_RING
+    } else {
+        2 * (DECODE_STEPS / DECODE_EVERY + 1)
+    };
     let device = ctx.device();
     let mut growing = cuda_vmm::VirtualBuffer::new(ring * g, &[device], ReadWrite)?;
     if reserve {
@@ -2505,19 +2522,26 @@ fn decode_name(motion: Motion) -> (&'static str, &'static str) {
     }
 }
 
-/// Prints what a decode row's reserve did: the maps that took a page of it, the pages its worker
-/// made and the retired ones it released.
+/// Prints what a decode row's reserve did: the maps that took a page of it, the retired pages
+/// recycled in place, the pages its worker made and the retired ones it released, and the VMM
+/// calls made on the buffer in all (the launch thread's and the worker's).
 fn reserve_note(row: &str, stats: cuda_vmm::owned::BufferStats) {
     println!(
-        "  note ({row}): {} of {} maps took a page of the reserve (no driver call), the worker \
-         made {} pages ({} of them with the memory of a retired page) and released {} retired \
-         ones, {} refused fills",
+        "  note ({row}): {} of {} maps took a page of the reserve (no driver call); {} retired \
+         pages recycled in place (no driver call); the worker made {} pages ({} of them with the \
+         memory of a retired page) and released {} retired ones, {} refused fills; VMM calls in \
+         all: {} cuMemMap, {} cuMemSetAccess, {} cuMemUnmap; at most {} pages in the reserve",
         stats.reserve_taken,
         stats.pages_mapped,
+        stats.reserve_recycled_in_place,
         stats.reserve_created,
         stats.reserve_recycled,
         stats.released_in_background,
         stats.reserve_faults,
+        stats.map_calls,
+        stats.set_access_calls,
+        stats.unmap_calls,
+        stats.reserve_peak_pages,
     );
 }
 

@@ -2,8 +2,8 @@
 //! thread are memory the buffer holds, never more than its bound (also with 16 threads mapping and
 //! retiring at once), never reachable by a view, given back by `trim` and the drop with free device
 //! memory exact to the byte; a refill the worker fails surfaces as the error of the next grow, with
-//! no page lost; retired pages are released (or their memory recycled into the reserve) by the
-//! worker, with no call of the caller. Free memory is compared, so the tests here take a lock, and
+//! no page lost; retired pages are released (or their memory recycled into the reserve, or the
+//! page recycled in place with no driver call at all) by the worker, with no call of the caller. Free memory is compared, so the tests here take a lock, and
 //! nothing else runs in this process.
 
 mod common;
@@ -56,9 +56,18 @@ fn free(ctx: &Context) -> usize {
     ctx.memory_info().unwrap().0
 }
 
-/// Every page the worker created is taken, given back, or still held.
+/// Every page the reserve took in (made by the worker, or a retired page recycled in place) is
+/// taken, given back, or still held.
 fn balanced(stats: &BufferStats) -> bool {
-    stats.reserve_created == stats.reserve_taken + stats.reserve_released + stats.reserve_pages
+    stats.reserve_created + stats.reserve_recycled_in_place
+        == stats.reserve_taken + stats.reserve_released + stats.reserve_pages
+}
+
+/// Every page retired so far has been taken by the worker: released, its memory mapped again, or
+/// recycled in place.
+fn retires_taken(stats: &BufferStats) -> bool {
+    stats.pages_retired
+        == stats.released_in_background + stats.reserve_recycled + stats.reserve_recycled_in_place
 }
 
 #[test]
@@ -390,17 +399,245 @@ fn the_bound_holds_under_16_threads_mapping_and_retiring() {
     kv.reclaim().unwrap();
     let stats = kv.stats();
     assert_eq!(
-        stats.pages_released + stats.reserve_recycled,
+        stats.pages_released + stats.reserve_recycled + stats.reserve_recycled_in_place,
         stats.pages_mapped,
         "every page released or recycled: {stats:?}"
     );
     assert!(
-        stats.released_in_background + stats.reserve_recycled > 0,
+        stats.released_in_background + stats.reserve_recycled + stats.reserve_recycled_in_place > 0,
         "the worker released none: {stats:?}"
     );
     assert_eq!(kv.mapped_bytes(), 0);
     drop(kv);
     assert_eq!(free(&ctx), free_start, "free memory exact after the drop");
+}
+
+/// The slots of the ring test: the reserve's bound covers them all.
+const RING: usize = 6;
+
+/// `rounds` rounds of the ring test on `kv` (a budget of [`RING`] pages of `g` bytes, a reserve
+/// holding them all): each maps the next slot, checks the bytes a ring before are still there,
+/// writes and reads back, and retires the page before, waiting until the worker has taken it.
+/// The counts after the round that comes back to slot 0 (the warm-up).
+fn ring_rounds(kv: &mut VirtualBuffer, stream: &Stream, g: usize, rounds: usize) -> BufferStats {
+    let device = kv.devices()[0];
+    let words = g / 4;
+    let mut warm = None;
+    for round in 0..rounds {
+        let page = (round % RING) * g;
+        kv.map_page(page, device, g).unwrap();
+        let stale = kv
+            .slice_bytes::<u32>(page..page + g)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        if round >= RING {
+            assert!(
+                stale.iter().all(|&v| v == (round - RING) as u32),
+                "round {round}: the page at {page} is not the one written a ring before"
+            );
+        }
+        kv.slice_bytes_mut::<u32>(page..page + g)
+            .unwrap()
+            .copy_from_host(&vec![round as u32; words])
+            .unwrap();
+        let back = kv
+            .slice_bytes::<u32>(page..page + g)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert!(
+            back.iter().all(|&v| v == round as u32),
+            "round {round}: read back wrong"
+        );
+        if round > 0 {
+            let old = ((round - 1) % RING) * g;
+            assert_eq!(kv.retire_after(stream, old..old + g).unwrap(), 1);
+            wait_for(kv, "the retired page taken by the worker", retires_taken);
+        }
+        if round == RING {
+            warm = Some(kv.stats());
+        }
+    }
+    warm.unwrap()
+}
+
+/// A loop that maps a page at the next slot of a ring (`map_page`), writes it and reads it back,
+/// then retires the page before, as a decode loop does: once the reserve holds every slot, each
+/// retired page is recycled in place when its work has finished, and the next map that comes
+/// round to its slot takes it. From then on no VMM call is made by anyone (the counts of
+/// `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess` stop), the bytes read back before each write are the
+/// ones written a ring before (the same memory, still mapped there), those written read back
+/// right, and `trim` and the drop give every byte back.
+#[test]
+fn a_ring_of_maps_and_retires_recycles_in_place_with_no_driver_call() {
+    let _serial = serial();
+    let test = "a_ring_of_maps_and_retires_recycles_in_place_with_no_driver_call";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(RING * g, &[device], ReadWrite).unwrap();
+    let before = free(&ctx);
+    kv.reserve_ahead(ReserveOptions::new(device, g, RING))
+        .unwrap();
+    wait_for(&kv, "every slot made ahead", |s| {
+        s.reserve_pages == RING as u64
+    });
+    let rounds = 4 * RING;
+    let warm = ring_rounds(&mut kv, &stream, g, rounds);
+    let stats = kv.stats();
+    println!("after warm-up {warm:?}\nat the end {stats:?}");
+    assert_eq!(
+        stats.reserve_taken, rounds as u64,
+        "every map took a page of the reserve"
+    );
+    assert_eq!(
+        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
+        (warm.map_calls, warm.unmap_calls, warm.set_access_calls),
+        "a VMM call after the warm-up"
+    );
+    assert_eq!(
+        stats.reserve_created, RING as u64,
+        "no page made after the first fill"
+    );
+    assert_eq!(
+        stats.reserve_recycled_in_place - warm.reserve_recycled_in_place,
+        (rounds - 1 - RING) as u64,
+        "every retire after the warm-up recycled in place"
+    );
+    assert_eq!(
+        stats.released_in_background + stats.reserve_recycled,
+        0,
+        "{stats:?}"
+    );
+    assert!(stats.reserve_peak_pages <= RING as u64, "{stats:?}");
+    assert!(balanced(&stats), "{stats:?}");
+    // The last page, retired: recycled in place too, then every page given back by the trim.
+    let last = ((rounds - 1) % RING) * g;
+    kv.retire_after(&stream, last..last + g).unwrap();
+    wait_for(&kv, "the last retire taken", retires_taken);
+    assert_eq!(kv.mapped_bytes(), 0);
+    assert_eq!(kv.trim().unwrap(), RING);
+    let stats = kv.stats();
+    assert!(balanced(&stats), "{stats:?}");
+    assert_eq!(
+        stats.pages_mapped,
+        stats.pages_released + stats.reserve_recycled + stats.reserve_recycled_in_place,
+        "{stats:?}"
+    );
+    assert_eq!(free(&ctx), before, "trim gave back every byte");
+    // Once more, given back by the drop.
+    kv.reserve_ahead(ReserveOptions::new(device, g, RING))
+        .unwrap();
+    kv.grow(device, g).unwrap();
+    kv.retire_after(&stream, ..g).unwrap();
+    wait_for(&kv, "the retire taken", retires_taken);
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
+}
+
+/// A page retired before an access change keeps the old set's grants: the reserve started after
+/// the change never recycles it in place (its worker unmaps it), while a page retired after the
+/// change, at the same place, is.
+#[test]
+fn a_page_retired_before_an_access_change_is_not_recycled_in_place() {
+    let _serial = serial();
+    let test = "a_page_retired_before_an_access_change_is_not_recycled_in_place";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    kv.grow(device, g).unwrap();
+    // No reserve runs: the retired page waits, retired, for the next call that reclaims.
+    assert_eq!(kv.retire_after(&stream, ..g).unwrap(), 1);
+    stream.synchronize().unwrap();
+    kv.set_access(&[device]).unwrap();
+    // The window of a reserve of 4 pages covers the whole budget: only the access change keeps
+    // the page out of it.
+    kv.reserve_ahead(ReserveOptions::new(device, g, 4)).unwrap();
+    let stats = wait_for(&kv, "the retired page taken by the worker", retires_taken);
+    assert_eq!(
+        stats.reserve_recycled_in_place, 0,
+        "recycled with the old grants: {stats:?}"
+    );
+    assert_eq!(
+        stats.released_in_background + stats.reserve_recycled,
+        1,
+        "{stats:?}"
+    );
+    wait_for(&kv, "the reserve full", |s| s.reserve_pages == 4);
+    // After the change: a page mapped, retired, and recycled in place.
+    let at = kv.grow(device, g).unwrap();
+    kv.retire_after(&stream, at..at + g).unwrap();
+    let stats = wait_for(&kv, "the second retire taken", retires_taken);
+    assert_eq!(stats.reserve_recycled_in_place, 1, "{stats:?}");
+    assert!(balanced(&stats), "{stats:?}");
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
+}
+
+/// A map of a page's range right after its retire has finished takes the page where it is, with
+/// no VMM call, whether the worker recycled it in place first or the map finds it still retired
+/// (the map then takes it itself): a hundred rounds, which see both as the threads run. Without
+/// the map's own take, a map that comes before the worker would be refused (the page retired).
+#[test]
+fn a_map_right_after_a_retire_of_its_range_takes_the_page_in_place() {
+    let _serial = serial();
+    let test = "a_map_right_after_a_retire_of_its_range_takes_the_page_in_place";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, 4)).unwrap();
+    assert_eq!(kv.grow(device, g).unwrap(), 0);
+    let before = wait_for(&kv, "the other slots made ahead", |s| s.reserve_pages == 3);
+    let rounds = 100u32;
+    for round in 0..rounds {
+        kv.slice_bytes_mut::<u32>(..g)
+            .unwrap()
+            .copy_from_host(&vec![round; g / 4])
+            .unwrap();
+        assert_eq!(kv.retire_after(&stream, ..g).unwrap(), 1);
+        stream.synchronize().unwrap();
+        kv.map_page(0, device, g)
+            .unwrap_or_else(|e| panic!("round {round}: the map was refused: {e}"));
+        let back = kv.slice_bytes::<u32>(..g).unwrap().to_vec().unwrap();
+        assert!(
+            back.iter().all(|&v| v == round),
+            "round {round}: not the same page"
+        );
+    }
+    let stats = kv.stats();
+    println!("{stats:?}");
+    assert_eq!(
+        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
+        (
+            before.map_calls,
+            before.unmap_calls,
+            before.set_access_calls
+        ),
+        "a VMM call: {stats:?}"
+    );
+    assert_eq!(
+        stats.reserve_recycled_in_place - before.reserve_recycled_in_place,
+        u64::from(rounds)
+    );
+    assert_eq!(
+        stats.reserve_taken - before.reserve_taken,
+        u64::from(rounds)
+    );
+    assert!(balanced(&stats), "{stats:?}");
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
 }
 
 unsafe extern "C" {

@@ -396,7 +396,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///
     /// Takes `&mut self`, so no view (which carries the devices that reach its memory) lives across the
     /// change. A reserve ([`reserve_ahead`](VirtualBuffer::reserve_ahead)) is given back first and
-    /// started again after the change, its pages then granted the new set.
+    /// started again after the change, its pages then granted the new set; a page retired before
+    /// the change keeps the old set's grants, so it is never recycled in place into the reserve
+    /// (it is unmapped, as without a reserve).
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for an empty list, before any driver call. A refused grant: the access set
@@ -434,7 +436,9 @@ impl<M: AccessMode> VirtualBuffer<M> {
     }
 
     /// Checks a new page and maps it: at `offset`, or after the last page. Its offset. Where a
-    /// reserve runs, a page of it at exactly that range, of `device`, is taken (no driver call);
+    /// reserve runs, a page of it at exactly that range, of `device`, is taken (no driver call),
+    /// or a retired page there whose work has finished and which the worker could recycle in
+    /// place but has not yet (`cuEventQuery` of its retire, no VMM call);
     /// else the reserve's last fault is returned, if it keeps one; else pages of the reserve in
     /// the range are given back and the page is made here. A range the worker is filling is waited
     /// for (it is then taken, or the range is a hole again).
@@ -452,7 +456,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
             table = self.shared.wait(table);
         };
         if table.reserving() {
-            if table.take_ready(offset, end, |b| b.device == device) {
+            if table.take_ready(offset, end, |b| b.device == device)
+                || table
+                    .take_finished_retired(offset, end, |b| b.recyclable_as(device, size, options))
+            {
                 self.shared.wake_worker(&table);
                 return Ok(offset);
             }

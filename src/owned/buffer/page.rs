@@ -168,7 +168,8 @@ pub struct BufferStats {
     /// in `map_calls` and `set_access_calls`.
     pub reserve_created: u64,
     /// Pages of the reserve a map or grow took, with no driver call (each also counts in
-    /// `pages_mapped`). `reserve_created == reserve_taken + reserve_released + reserve_pages`.
+    /// `pages_mapped`). `reserve_created + reserve_recycled_in_place == reserve_taken +
+    /// reserve_released + reserve_pages`.
     pub reserve_taken: u64,
     /// Pages of the reserve unmapped and released unused: by
     /// [`trim`](super::VirtualBuffer::trim), the drop, or a map of another size or device over them.
@@ -181,11 +182,18 @@ pub struct BufferStats {
     pub released_in_background: u64,
     /// Retired pages the reserve's worker unmapped and mapped again into the reserve, their memory
     /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created`. Memory
-    /// made exportable (an [`ExportableBuffer`](super::ExportableBuffer)'s) is never kept: a
-    /// process that imported it may still map it. Every page
-    /// mapped is released or recycled in the end:
-    /// `pages_mapped == pages_released + reserve_recycled` once none is mapped.
+    /// made exportable (an [`ExportableBuffer`](super::ExportableBuffer)'s) or exported as a
+    /// dma-buf is never kept: a process that imported it may still map it. Every page mapped is
+    /// released or recycled in the end: `pages_mapped == pages_released + reserve_recycled +
+    /// reserve_recycled_in_place` once none is mapped.
     pub reserve_recycled: u64,
+    /// Retired pages that became pages of the reserve where they were, still mapped and granted:
+    /// no driver call at all (no `cuMemUnmap`, `cuMemMap` or `cuMemSetAccess`). A map of exactly
+    /// such a page's range then takes it (`reserve_taken`); a map that comes before the worker,
+    /// once the retire has finished, takes the page there itself, and counts in both. Only pages the reserve would make
+    /// (its size, device and options, owned by the buffer), granted to the current access set,
+    /// lying where the reserve fills next, and while it holds less than its bound.
+    pub reserve_recycled_in_place: u64,
 }
 
 /// One page of a [`VirtualBuffer`](super::VirtualBuffer), as
@@ -252,6 +260,29 @@ pub(super) struct Backing {
     /// whoever imported it (a network adapter's registration) may keep the memory after this
     /// buffer lets it go, so the memory is released at the end, never made a page again.
     pub(super) exported: bool,
+}
+
+impl Backing {
+    /// Whether this memory can be a page of the reserve kept where it is mapped (recycled in
+    /// place): `size` bytes of `device`'s memory made with `allocation` options, owned by the
+    /// buffer (a share of a [`SharedPage`] is memory other mappings use), and exportable as no
+    /// handle kind and never exported as a dma-buf, so that nobody who imported it (another
+    /// process, a network adapter) reads what the next page writes.
+    pub(super) fn recyclable_as(
+        &self,
+        device: Device,
+        size: usize,
+        allocation: AllocationOptions,
+    ) -> bool {
+        !self.exported
+            && self.device == device
+            && matches!(
+                &self.memory,
+                Memory::Own(m) if m.size() == size
+                    && m.options() == allocation
+                    && m.options().handle_kinds() == HandleKinds::NONE
+            )
+    }
 }
 
 /// One evicted page: where it was, its size and its device.

@@ -15,11 +15,23 @@
 //! meanwhile never waits for a driver call; the same for a retired page (`Releasing`). Every
 //! check of the buffer refuses a page of the reserve as it refuses a hole, and names it.
 //!
-//! Each round of the worker: the retired pages whose events have completed are unmapped; the
-//! memory of those that fit the reserve (owned, of its size, device and options) is mapped again
-//! at the next slots to fill, while the bound leaves room (no `cuMemRelease`, no `cuMemCreate`:
-//! a page costs the worker `cuMemUnmap`, `cuMemMap` and `cuMemSetAccess`), and the rest is
-//! released; then the slots are filled, one at a time, nearest first, each handed back at once.
+//! Each round of the worker: the retired pages whose events have completed are taken out of
+//! their retire. Those that can be are recycled in place: a page of the reserve's kind (owned, of
+//! its size, device and options, not exportable), granted to the current access set, lying where
+//! the reserve fills next (the bound's worth of pages after the cursor), turns into a page of the
+//! reserve where it is, still mapped and granted, while the bound leaves room: no driver call at
+//! all. The others are unmapped; the memory of those that fit the reserve is mapped again at the
+//! next slots to fill, while the bound leaves room (no `cuMemRelease`, no `cuMemCreate`: a page
+//! costs the worker `cuMemUnmap`, `cuMemMap` and `cuMemSetAccess`), and the rest is released;
+//! then the slots are filled, one at a time, nearest first, each handed back at once.
+//!
+//! A loop that maps and retires round a ring of slots no larger than the bound (a decode loop
+//! writing its tokens round the same budget) thus reaches a steady state where its worker makes
+//! no VMM call: each retired page, once its work has finished, waits in place for the map that
+//! comes round to its slot again, and the worker's rounds are state changes and `cuEventQuery`.
+//! A page recycled in place holds what the buffer's own work last wrote there: stale data of
+//! this process, never of another, which no view reaches until a map takes the page again (a
+//! page from the reserve is, as any new page, of unspecified content).
 
 use core::time::Duration;
 use std::sync::Arc;
@@ -27,7 +39,7 @@ use std::sync::Arc;
 use crate::device::{Context, Device};
 use crate::error::{DriverError, Error};
 use crate::vmm::access::AccessMode;
-use crate::vmm::physical::{AllocationOptions, HandleKinds, PhysicalAllocation, check_multiple};
+use crate::vmm::physical::{AllocationOptions, PhysicalAllocation, check_multiple};
 
 use super::ahead::{IDLE, ReserveOptions, Shared, Worker, give_back};
 use super::page::{Backing, Memory};
@@ -45,10 +57,13 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// of [`page_size`](ReserveOptions::page_size) bytes after the end of the last page mapped
     /// (wrapping round the budget; mapped, retired, evicted ranges skipped). A
     /// [`map_page`](VirtualBuffer::map_page) or [`grow`](VirtualBuffer::grow) of exactly such a
-    /// slot, of the reserve's device, takes its page with no driver call. The worker also unmaps
-    /// retired pages once their events have completed, and releases them or maps their memory
-    /// again into the reserve (where it fits and the bound leaves room), so the thread that maps
-    /// and retires makes no VMM call. A reserve started before is given back first, and replaced.
+    /// slot, of the reserve's device, takes its page with no driver call. The worker also takes
+    /// retired pages once their events have completed: a page that fits the reserve and lies
+    /// where it fills next is recycled in place, with no driver call (it stays mapped and granted,
+    /// and a map of exactly its range takes it); the others are unmapped, and released or their
+    /// memory mapped again into the reserve (where it fits and the bound leaves room), so the
+    /// thread that maps and retires makes no VMM call. A reserve started before is given back
+    /// first, and replaced.
     ///
     /// - **Memory held.** The reserve's pages are memory the buffer holds, shown in
     ///   [`stats`](VirtualBuffer::stats) (`reserve_pages`, `reserve_bytes`) and never more than the
@@ -60,7 +75,10 @@ impl<M: AccessMode> VirtualBuffer<M> {
     ///   [`end`](VirtualBuffer::end) leave it out.
     /// - **Other maps.** A map of another size or device over pages of the reserve gives them back
     ///   first (`cuMemUnmap`, `cuMemRelease` on the calling thread); a map of a range the worker
-    ///   is filling waits until it is done (it is then taken).
+    ///   is filling waits until it is done (it is then taken). A map of exactly the range of a
+    ///   retired page that the worker would recycle in place but has not yet, whose retire's
+    ///   events have all completed (`cuEventQuery` on the calling thread), takes it in place, with
+    ///   no VMM call.
     /// - **Faults.** A refused fill (`cuMemCreate` out of memory, say) stops the refills, and is
     ///   returned by the next map or grow that would have used the reserve (one whose range holds
     ///   no page of it), after which the refills start again. No page is lost: the slot is a hole
@@ -212,7 +230,7 @@ impl Job {
             if table.stopping() {
                 return;
             }
-            let releasing = table.finished_retires();
+            let releasing = table.finished_retires(|backing| self.fits_in_place(backing));
             // The slots to fill in this round: one per page released, up to the room the bound
             // leaves (their memory is recycled where it fits), or one where none is released.
             let mut slots = Vec::new();
@@ -287,15 +305,7 @@ impl Job {
     /// next bytes written there to that importer, and let it write them. It is released, which
     /// frees it once every importer has too.
     fn recyclable(&self, backing: Backing, wanted: bool) -> Result<PhysicalAllocation, Backing> {
-        let fits = wanted
-            && !backing.exported
-            && backing.device == self.device
-            && backing.memory.size() == self.size
-            && matches!(
-                &backing.memory,
-                Memory::Own(m) if m.options() == self.allocation
-                    && m.options().handle_kinds() == HandleKinds::NONE
-            );
+        let fits = wanted && self.fits_in_place(&backing);
         match backing.memory {
             Memory::Own(memory) if fits => Ok(memory),
             memory => Err(Backing {
@@ -304,6 +314,13 @@ impl Job {
                 exported: backing.exported,
             }),
         }
+    }
+
+    /// Whether a retired page's memory is of the kind the reserve makes ([`Backing::recyclable_as`]),
+    /// for a recycle in place or a map again into the reserve (the table checks the rest for a
+    /// recycle in place: its grants, place and the bound).
+    fn fits_in_place(&self, backing: &Backing) -> bool {
+        backing.recyclable_as(self.device, self.size, self.allocation)
     }
 
     /// `cuMemCreate` (unless `recycled` memory is given), `cuMemMap`, `cuMemSetAccess` of one page

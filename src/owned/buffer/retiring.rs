@@ -8,8 +8,8 @@ use crate::error::{Error, first_error};
 use crate::stream::{Event, PinnedBuffer, Stream};
 
 /// The number of one retire: its pages carry it, and are released once every event recorded for it
-/// has completed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// has completed. Tickets are given in increasing order: a later retire's is greater.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Ticket(u64);
 
 /// Calls its argument with each stream a retire orders its release after; the first error, every
@@ -43,6 +43,12 @@ impl Retires {
     /// Whether no retire waits.
     pub(super) fn is_empty(&self) -> bool {
         self.waiting.is_empty()
+    }
+
+    /// The last ticket given (`Ticket(0)` before the first): every retire made so far has it or
+    /// an earlier one, every later retire a greater one.
+    pub(super) fn last(&self) -> Ticket {
+        Ticket(self.tickets)
     }
 
     /// A new ticket, for the pages of the next retire.
@@ -138,6 +144,20 @@ impl Retires {
                 .extend(retire.events.into_iter().take(room));
         }
         finished
+    }
+
+    /// `cuEventQuery` — whether the retire `ticket` waits here and every one of its events has
+    /// completed (its pages then used by no queued work), without taking it: `false` for a ticket
+    /// not waiting here (its events not recorded yet, or taken already), or an event whose query
+    /// fails.
+    pub(super) fn is_finished(&self, ticket: Ticket) -> bool {
+        self.waiting.iter().any(|retire| {
+            retire.ticket == ticket
+                && retire
+                    .events
+                    .iter()
+                    .all(|event| event.is_complete().unwrap_or(false))
+        })
     }
 
     /// Waits for the work of every retire (each event: the one wait, which returns only once it

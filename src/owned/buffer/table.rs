@@ -19,6 +19,8 @@
 //! | `Ready` | `Live` | [`take_ready`](Table::take_ready), a map of its offset, size and device: no driver call |
 //! | `Ready` | a hole | [`take_reserve`](Table::take_reserve) (a trim, a map of another size or device) |
 //! | `Retired` | `Releasing` | [`start_release`](Table::start_release), its ticket's events complete |
+//! | `Retired` | `Ready` | [`start_release`](Table::start_release): recycled in place, where it fits the reserve and its bound: no driver call |
+//! | `Retired` | `Live` | [`take_retired`](Table::take_retired): a map of its range, its retire finished, before the worker recycles it in place |
 //! | `Releasing` | a hole, `Evicted`, `Retired` | [`released`](Table::released), by the worker's unmap |
 //!
 //! A grant that fails and cannot be undone leaves an `Ungranted` page, which nothing views and the
@@ -73,9 +75,10 @@ pub(super) enum Page<P> {
     /// No page: the bytes were evicted to host memory (an [`Evicted`](super::Evicted) handle), and
     /// no view, lend or new page reaches the range until a restore maps it again.
     Evicted,
-    /// A page of the buffer's reserve, made ahead of need: mapped and granted to the access set,
-    /// but not the buffer's page yet, so no view, lend, export or registration reaches it. A map of
-    /// its offset, size and device takes it (`Live`) with no driver call.
+    /// A page of the buffer's reserve, made ahead of need (or a retired page recycled in place,
+    /// its retire's work finished): mapped and granted to the access set, but not the buffer's
+    /// page yet, so no view, lend, export or registration reaches it. A map of its offset, size
+    /// and device takes it (`Live`) with no driver call.
     Ready(P),
     /// A range the reserve's worker has marked and fills without the lock (`cuMemCreate`,
     /// `cuMemMap`, `cuMemSetAccess`): no page in the table yet, and nothing else maps there until
@@ -264,6 +267,10 @@ pub(super) struct Table<P = Backing> {
     held: Vec<(usize, usize)>,
     /// The reserve: its bound, page size, cursor and fault (`table/reserve.rs`).
     reserve: Reserve,
+    /// The last retire's ticket when the access set last changed ([`regrant`](Table::regrant)):
+    /// a page retired by it or an earlier one keeps the grants of an older set, and is never
+    /// recycled in place into the reserve (whose pages must carry the current set's grants).
+    stale_grants: Option<Ticket>,
 }
 
 impl<P> Table<P> {
@@ -279,6 +286,7 @@ impl<P> Table<P> {
             generation: 0,
             held: Vec::new(),
             reserve: Reserve::default(),
+            stale_grants: None,
         }
     }
 
@@ -650,15 +658,33 @@ impl Table<Backing> {
         !self.retires.is_empty()
     }
 
-    /// `cuEventQuery` — marks the pages of every retire whose events have all completed
-    /// `Releasing`, for the reserve's worker to unmap and release without the lock: `(offset,
-    /// size, page)` each.
-    pub(super) fn finished_retires(&mut self) -> Vec<(usize, usize, Backing)> {
+    /// `cuEventQuery` — takes the pages of every retire whose events have all completed: those
+    /// that can be are recycled in place into the reserve (`Ready`, no driver call; `fits` says
+    /// which pages are of the reserve's kind), the others marked `Releasing`, for the reserve's
+    /// worker to unmap without the lock: `(offset, size, page)` each of those. See
+    /// [`start_release`](Table::start_release).
+    pub(super) fn finished_retires(
+        &mut self,
+        fits: impl Fn(&Backing) -> bool,
+    ) -> Vec<(usize, usize, Backing)> {
         if self.retires.is_empty() {
             return Vec::new();
         }
         let tickets = self.retires.take_finished();
-        self.start_release(&tickets)
+        self.start_release(&tickets, fits)
+    }
+
+    /// `cuEventQuery` — a map of exactly `[offset, end)` takes the retired page there where the
+    /// reserve's worker has not recycled it in place yet but could (its retire finished, the page
+    /// of the reserve's kind and `fits` the map): see [`take_retired`](Table::take_retired).
+    /// Queries the events of that one retire only, and only where the page qualifies otherwise.
+    pub(super) fn take_finished_retired(
+        &mut self,
+        offset: usize,
+        end: usize,
+        fits: impl Fn(&Backing) -> bool,
+    ) -> bool {
+        self.take_retired(offset, end, fits, Retires::is_finished)
     }
 
     /// A spare event of `context`'s device, or a new one.

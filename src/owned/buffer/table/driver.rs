@@ -418,7 +418,8 @@ impl Table<Backing> {
     /// `cuMemSetAccess` — make `new` the access set of every live page, in the mode `flags`, where
     /// it was `old`: first each page is granted the new set, then the devices that left it are
     /// revoked from each page. Retired pages keep the old set (the work they wait for may still
-    /// read them) until they are released.
+    /// read them) until they are released, and are marked so that none is recycled in place into
+    /// the reserve (see [`start_release`](Table::start_release)).
     ///
     /// `Err` for a refused grant: the set stays `old` (the devices that were to join are revoked
     /// again from the pages granted so far; [`Error::CleanupFailed`] where that fails too).
@@ -438,6 +439,7 @@ impl Table<Backing> {
             .iter()
             .filter(|o| !new.iter().any(|c| c.device() == o.device()))
             .collect();
+        self.access_changing();
         let base = self.base;
         let stats = &mut self.stats;
         let slots = &self.slots;

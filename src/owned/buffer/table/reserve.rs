@@ -1,13 +1,15 @@
 //! The page table's reserve: pages made ahead of need by a worker thread at the next vacant slots
-//! after the last page mapped, and retired pages the worker releases. The transitions here make no
-//! driver call: the worker marks a range (`Filling`, `Releasing`) under the lock, makes its driver
-//! calls without it, and hands the outcome back ([`filled`](Table::filled),
-//! [`released`](Table::released)). Part of the table's module: the states are in `table.rs`.
+//! after the last page mapped, retired pages recycled in place into it, and retired pages the
+//! worker releases. The transitions here make no driver call: the worker marks a range
+//! (`Filling`, `Releasing`) under the lock, makes its driver calls without it, and hands the
+//! outcome back ([`filled`](Table::filled), [`released`](Table::released)); a retired page
+//! recycled in place ([`start_release`](Table::start_release)) needs none at all. Part of the
+//! table's module: the states are in `table.rs`.
 
 use crate::error::Error;
 use crate::owned::pages::{Span, insertion_point};
 
-use super::super::retiring::Ticket;
+use super::super::retiring::{Retires, Ticket};
 use super::{Page, Reserve, Slot, Table, bump};
 
 /// What the worker's fill of a slot left: the page (`Ready`), a page mapped whose grant failed and
@@ -41,6 +43,13 @@ impl<P> Table<P> {
     /// [`stopping`](Table::stopping) tells it to return.
     pub(in crate::owned::buffer) fn stop_reserve(&mut self) {
         self.reserve.stopping = true;
+    }
+
+    /// The access set is about to change: the pages retired so far keep the grants they have now
+    /// (the work they wait for may still use them), whatever the outcome of the change, so none of
+    /// them is recycled in place into a reserve, whose pages must carry the set in place after it.
+    pub(in crate::owned::buffer) fn access_changing(&mut self) {
+        self.stale_grants = Some(self.retires.last());
     }
 
     /// Whether the worker is asked to stop.
@@ -249,14 +258,45 @@ impl<P> Table<P> {
         taken
     }
 
-    /// Marks the pages of the finished retires `tickets` `Releasing`, for the worker to unmap and
-    /// release without the lock: `(offset, size, page)` each.
+    /// Takes the pages of the finished retires `tickets` (every event of theirs completed) out of
+    /// their retire: each is recycled in place where it can be, else marked `Releasing`, for the
+    /// worker to unmap without the lock and then release, or map again into the reserve: `(offset,
+    /// size, page)` each of those.
+    ///
+    /// **Recycled in place** (`Retired` to `Ready`, no driver call): a page stays mapped at its own
+    /// offset and becomes a page of the reserve, which a map of exactly its range and device then
+    /// takes, where
+    /// - the reserve runs and holds fewer pages than its bound (`Ready` and `Filling` counted, the
+    ///   pages recycled here included): it never holds more. A refused fill's fault, which stops
+    ///   the fills until a map returns it, does not stop this: no page is made;
+    /// - the page is the reserve's kind: of its page size, and `fits` (the worker's answer: owned
+    ///   by the buffer, not a share of a shared page, of the reserve's device and allocation
+    ///   options, not exportable to another process, never exported as a dma-buf);
+    /// - it is granted the current access set: retired `Live` (not `Ungranted`), not by an
+    ///   eviction (whose range is evicted once the page is gone), and after the last change of
+    ///   the access set ([`access_changing`](Table::access_changing));
+    /// - it lies where the worker fills next: inside the bound's worth of pages after the cursor,
+    ///   wrapping round the budget as the fills do ([`ahead_of_cursor`](Table::ahead_of_cursor)).
+    ///   A page behind the cursor would hold room that the slots the next maps use need: its
+    ///   memory is better unmapped and mapped again there.
+    ///
+    /// Sound because every event of its retire has completed, each recorded after all the work
+    /// queued before the retire on its stream (with no lend left in progress), so no queued work
+    /// uses the page; no view, lend or export made before the retire reaches it (the retire ended
+    /// them), and a page of the reserve is refused by every check, as a hole is; a map that takes
+    /// it counts as a new page mapped (a new epoch), so no lend made before reaches it either. Its
+    /// bytes are what the buffer's work last wrote there: data of this process, never of another.
     pub(in crate::owned::buffer) fn start_release(
         &mut self,
         tickets: &[Ticket],
+        fits: impl Fn(&P) -> bool,
     ) -> Vec<(usize, usize, P)> {
+        let mut held = self.held_ahead();
         let mut taken = Vec::new();
-        for slot in &mut self.slots {
+        for index in 0..self.slots.len() {
+            let Some(slot) = self.slots.get(index) else {
+                break;
+            };
             let Some(ticket) = tickets
                 .iter()
                 .copied()
@@ -264,22 +304,128 @@ impl<P> Table<P> {
             else {
                 continue;
             };
-            if let Page::Retired {
-                page,
-                evicted,
-                granted,
-                ..
-            } = core::mem::replace(&mut slot.page, Page::Filling)
-            {
-                slot.page = Page::Releasing {
-                    ticket,
+            let in_place =
+                held < self.reserve.bound && self.recyclable_in_place(slot, ticket, &fits);
+            let Some(slot) = self.slots.get_mut(index) else {
+                break;
+            };
+            match core::mem::replace(&mut slot.page, Page::Filling) {
+                Page::Retired { page, .. } if in_place => {
+                    slot.page = Page::Ready(page);
+                    held = held.saturating_add(1);
+                    bump(&mut self.stats.reserve_recycled_in_place);
+                    self.stats.reserve_peak_pages = self.stats.reserve_peak_pages.max(held as u64);
+                }
+                Page::Retired {
+                    page,
                     evicted,
                     granted,
-                };
-                taken.push((slot.offset, slot.size, page));
+                    ..
+                } => {
+                    slot.page = Page::Releasing {
+                        ticket,
+                        evicted,
+                        granted,
+                    };
+                    taken.push((slot.offset, slot.size, page));
+                }
+                other => slot.page = other,
             }
         }
         taken
+    }
+
+    /// Whether the page of `slot`, retired by `ticket` whose events have all completed, can be
+    /// recycled in place (room under the bound aside): see [`start_release`](Table::start_release).
+    fn recyclable_in_place(
+        &self,
+        slot: &Slot<P>,
+        ticket: Ticket,
+        fits: impl Fn(&P) -> bool,
+    ) -> bool {
+        self.reserves_kind(slot, ticket, fits) && self.ahead_of_cursor(slot.offset)
+    }
+
+    /// Whether the page of `slot`, retired by `ticket`, is a page the running reserve could hold:
+    /// of its page size, `fits`, retired granted and not by an eviction, after the last access
+    /// change. Where it lies aside.
+    fn reserves_kind(&self, slot: &Slot<P>, ticket: Ticket, fits: impl Fn(&P) -> bool) -> bool {
+        let granted_now = self.stale_grants.is_none_or(|stale| ticket > stale);
+        self.reserving()
+            && granted_now
+            && slot.size == self.reserve.size
+            && matches!(
+                &slot.page,
+                Page::Retired { page, evicted: false, granted: true, .. } if fits(page)
+            )
+    }
+
+    /// A map of exactly `[offset, end)` where a retired page lies whose retire has finished
+    /// (`finished` asks the retires, last, and only where the page is of the reserve's kind and
+    /// `fits` the map) but which the worker has not taken yet: the map takes it where it is,
+    /// `Live` again with no VMM call, as though the worker had recycled it in place and the map
+    /// then taken it (it counts as both, and as a page mapped, at a new epoch). Whether it did.
+    /// Sound for the reasons of [`start_release`](Table::start_release); the retire stays with
+    /// the worker, which finds this page no longer retired and takes its other pages.
+    pub(in crate::owned::buffer) fn take_retired(
+        &mut self,
+        offset: usize,
+        end: usize,
+        fits: impl Fn(&P) -> bool,
+        finished: impl FnOnce(&Retires, Ticket) -> bool,
+    ) -> bool {
+        let Some(index) = self.slot_at(offset) else {
+            return false;
+        };
+        let ticket = self.slots.get(index).and_then(|slot| match slot.page {
+            Page::Retired { ticket, .. }
+                if Span::end(slot) == end && self.reserves_kind(slot, ticket, &fits) =>
+            {
+                Some(ticket)
+            }
+            _ => None,
+        });
+        if !ticket.is_some_and(|ticket| finished(&self.retires, ticket)) {
+            return false;
+        }
+        let epoch = self.count_mapped();
+        if let Some(slot) = self.slots.get_mut(index) {
+            if let Page::Retired { page, .. } = core::mem::replace(&mut slot.page, Page::Evicted) {
+                slot.page = Page::Live(page);
+            }
+            slot.epoch = epoch;
+        }
+        bump(&mut self.stats.reserve_recycled_in_place);
+        bump(&mut self.stats.reserve_taken);
+        bump(&mut self.stats.pages_mapped);
+        self.moved_cursor(end);
+        true
+    }
+
+    /// Whether a page of the reserve at `offset` lies where the worker fills next: less than the
+    /// bound's worth of pages after the fills' start (the cursor, rounded up to the page size; 0
+    /// where no page fits after it), counted round the budget as the fills wrap.
+    fn ahead_of_cursor(&self, offset: usize) -> bool {
+        let Reserve {
+            bound,
+            size,
+            budget,
+            cursor,
+            ..
+        } = self.reserve;
+        if size == 0 || offset >= budget {
+            return false;
+        }
+        let mut start = cursor.div_ceil(size).saturating_mul(size);
+        if start.saturating_add(size) > budget {
+            start = 0;
+        }
+        let distance = if offset >= start {
+            offset.saturating_sub(start)
+        } else {
+            offset.saturating_add(budget.saturating_sub(start))
+        };
+        distance < bound.saturating_mul(size)
     }
 
     /// The worker's release of the page at `offset` is done: the range is a hole (or evicted)
