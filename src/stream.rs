@@ -135,8 +135,10 @@ mod table;
 mod graph;
 
 pub use event::Event;
-pub(crate) use graph::Covers;
-pub use graph::{Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind};
+pub use graph::{
+    Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind, ScopedGraph, ScopedRebind,
+};
+pub(crate) use graph::{Claim, Covers, Lender};
 pub use launch::{KernelArg, KernelArgs};
 pub use lend::{DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite};
 pub use pinned::{PinnedBuffer, PinnedChunks, PinnedSliceMut};
