@@ -3,7 +3,8 @@
 //! and retired between the replays, with no host wait and no re-capture, its bytes and replays
 //! counted; a page a queued replay reads, retired under it, released only after the replay (free
 //! memory and the buffer's counts); a replay refused, naming the bytes, once its page is retired,
-//! and bound again once a new page is mapped there; the claims a bound graph holds for the scope.
+//! and bound again once a new page is mapped there; the claims a bound graph holds for the scope;
+//! a replay on a stream that the buffer's scope does not know refused.
 //! Every test skips visibly without a GPU. The tests take one lock, since some measure free memory.
 
 mod common;
@@ -317,6 +318,46 @@ fn a_replay_after_its_page_is_retired_is_refused_naming_the_bytes() {
         out.to_vec(),
         plus_one(&data),
         "the replay over the new page"
+    );
+    drop(parked);
+    cache.free().unwrap();
+}
+
+/// A graph bound over a buffer lent to an outer scope, inside an inner one: a replay on a stream
+/// the outer scope does not know is refused before `cuGraphLaunch` (the outer scope's retires
+/// record their events on its own streams only), and on a stream of both scopes it runs.
+#[test]
+fn a_replay_on_a_stream_outside_the_buffers_scope_is_refused() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_replay_on_a_stream_outside_the_buffers_scope_is_refused")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let n = g / 4;
+    let spin = load(&ctx, SPIN_PTX);
+    let data = pattern(n, 11);
+    let (mut cache, parked) = cache_and_graph(device, &ctx, &spin, None, &data, Duration::ZERO);
+    let (work, other) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    cuda_vmm::scope(|s| {
+        let kv = cache.in_scope(s);
+        s.on(&work);
+        cuda_vmm::scope(|inner| {
+            let mut graph = parked.in_scope().buffer(&kv).module(&spin).finish()?;
+            let refused = inner.on(&other).launch_scoped_graph(&mut graph);
+            assert!(
+                matches!(refused, Err(Error::StreamRefused { .. })),
+                "{refused:?}"
+            );
+            inner.on(&work).launch_scoped_graph(&mut graph)
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        cache.slice_bytes::<u32>(..g).unwrap().to_vec().unwrap(),
+        plus_one(&data),
+        "the replay on the stream of both scopes"
     );
     drop(parked);
     cache.free().unwrap();
