@@ -5,7 +5,8 @@
 //! memory and the buffer's counts); a replay refused, naming the bytes, once its page is retired,
 //! and bound again once a new page is mapped there; the claims a bound graph holds for the scope;
 //! a replay on a stream that the buffer's scope does not know refused; 10 000 rounds of bindings,
-//! replays, retires and refusals that leak nothing.
+//! replays, retires and refusals that leak nothing; 16 threads replaying their graphs in one scope
+//! while the buffer grows and retires.
 //! Every test skips visibly without a GPU. The tests take one lock, since some measure free memory.
 
 mod common;
@@ -418,6 +419,104 @@ fn ten_thousand_rounds_of_bindings_retires_and_refusals_leak_nothing() {
     assert_eq!(cache.retired_bytes(), 0);
     assert_eq!(cache.mapped_bytes(), 2 * g);
     assert_eq!(Some(free_memory(&ctx)), free_after_first, "leaked");
+    drop(parked);
+    cache.free().unwrap();
+}
+
+/// 16 threads in one scope, each replaying its own graph (over a page it writes and a page it
+/// reads) 50 times on its own stream, while the main thread grows and retires other pages of the
+/// same buffer: every replay is admitted beside the others' and the retires', and each thread's
+/// page, read back after its last replay, holds its kernel's bytes.
+#[test]
+fn sixteen_threads_replay_their_graphs_while_the_buffer_grows_and_retires() {
+    const THREADS: usize = 16;
+    const REPLAYS: usize = 50;
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("sixteen_threads_replay_their_graphs_while_the_buffer_grows_and_retires")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let n = g / 4;
+    let n32 = u32::try_from(n).unwrap();
+    let spin = load(&ctx, SPIN_PTX);
+    let kernel = spin.function(c"spin_add_one").unwrap();
+    let mut cache = VirtualBuffer::new((2 * THREADS + 32) * g, &[device], ReadWrite).unwrap();
+    let inputs: Vec<Vec<u32>> = (0..THREADS)
+        .map(|i| pattern(n, 100 + u32::try_from(i).unwrap()))
+        .collect();
+    for input in &inputs {
+        let _dst = cache.grow(device, g).unwrap();
+        let src = cache.grow(device, g).unwrap();
+        cache
+            .slice_bytes_mut::<u32>(src..src + g)
+            .unwrap()
+            .copy_from_host(input)
+            .unwrap();
+    }
+    let mut capturing = Stream::new(&ctx).unwrap();
+    let parked: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let at = 2 * i * g;
+            let mut claim = cache.claim_bytes_mut::<u32>(at..at + g).unwrap();
+            let src = cache.slice_bytes::<u32>(at + g..at + 2 * g).unwrap();
+            let mut dst = claim.view();
+            Graph::capture(&mut capturing, |c| {
+                // SAFETY: spin_add_one(u32*, const u32*, u32, u64), `n` values of each view.
+                unsafe { c.launch(&kernel, GRID, BLOCK, (&mut dst, src, n32, 0u64))? };
+                Ok(())
+            })
+            .unwrap()
+            .park()
+        })
+        .collect();
+    let streams: Vec<Stream> = (0..THREADS).map(|_| Stream::new(&ctx).unwrap()).collect();
+    let main = Stream::new(&ctx).unwrap();
+    let mut outs: Vec<PinnedBuffer<u32>> = (0..THREADS)
+        .map(|_| PinnedBuffer::zeroed(&ctx, n).unwrap())
+        .collect();
+    cuda_vmm::scope(|s| {
+        let kv = cache.in_scope(s);
+        s.on(&main);
+        let mut graphs = parked
+            .iter()
+            .map(|p| p.in_scope().buffer(&kv).module(&spin).finish())
+            .collect::<Result<Vec<_>, Error>>()?;
+        std::thread::scope(|t| -> Result<(), Error> {
+            let handles: Vec<_> = graphs
+                .iter_mut()
+                .zip(&streams)
+                .zip(outs.iter_mut())
+                .enumerate()
+                .map(|(i, ((graph, stream), out))| {
+                    let w = s.on(stream);
+                    t.spawn(move || -> Result<(), Error> {
+                        for _ in 0..REPLAYS {
+                            w.launch_scoped_graph(graph)?;
+                        }
+                        let at = 2 * i * g;
+                        let back = kv.read_back::<u32>(at..at + g, w)?;
+                        w.copy_to_host(out, back)?;
+                        Ok(())
+                    })
+                })
+                .collect();
+            for _ in 0..16 {
+                let at = kv.grow(device, g)?;
+                assert_eq!(kv.retire(at..at + g)?, 1);
+            }
+            for handle in handles {
+                handle.join().unwrap()?;
+            }
+            Ok(())
+        })
+    })
+    .unwrap();
+    for (out, input) in outs.iter().zip(&inputs) {
+        assert_eq!(out.to_vec(), plus_one(input));
+    }
+    assert_eq!(cache.stats().pages_retired, 16);
     drop(parked);
     cache.free().unwrap();
 }
