@@ -350,6 +350,10 @@ impl<'scope> ScopedStream<'scope> {
 /// `[start, end)`: the device bytes it writes there, merged where they overlap or touch, claimed
 /// for writing; the bytes it only reads, merged, claimed for reading. Sorted, disjoint. Touches
 /// reaching past the reservation are not the buffer's (the rebind's check refuses them).
+///
+/// Written ranges that touch become one claim, so that a replay admits as few ranges as the
+/// graph's memory allows (each admission takes the buffer's lock): a graph that writes 64 adjacent
+/// blocks admits one range. Such a claim is read back or reused whole, as one `write` would be.
 fn claimed_ranges<'a>(touches: impl Iterator<Item = &'a Touch>, start: u64, end: u64) -> Ranges {
     let mut written = Vec::new();
     let mut read = Vec::new();
