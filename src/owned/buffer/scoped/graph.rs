@@ -14,7 +14,9 @@ impl<'scope> ScopedRebind<'scope> {
     /// Give `buffer`, lent to this scope: every range the graph touches in its reservation is
     /// claimed for the scope by [`finish`](ScopedRebind::finish), for writing where the graph
     /// writes it (only in a [`ReadWrite`] buffer), for reading elsewhere, and admitted at every
-    /// replay. Pages the graph does not touch grow and retire as before.
+    /// replay. Written ranges that overlap or touch are one claim, read back
+    /// ([`read_back`](ScopedBuffer::read_back)) or reused whole. Pages the graph does not touch
+    /// grow and retire as before.
     ///
     /// # Examples
     /// A graph captured once over a page of the cache, replayed every step while the cache maps and
