@@ -9,10 +9,9 @@ use core::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::device::Device;
-use crate::error::{Error, check};
+use crate::error::Error;
 use crate::module::Module;
 use crate::stream::PinnedBuffer;
-use crate::sys;
 use crate::view::DeviceBuffer;
 
 use super::super::lend::{Origin, Registry, Tracker, sealed};
@@ -331,8 +330,8 @@ impl<'scope> ScopedStream<'scope> {
             }
         }
         Queue::admit(self)?;
-        // SAFETY: `exec` is the parked graph's instantiation, of this stream's device (checked
-        // above), in the current context (`Queue::admit` bound it). Its work touches only (a) the
+        // SAFETY: the parked graph's instantiation, of this stream's device (checked above), whose
+        // context is current (`Queue::admit` bound it). Its work touches only (a) the
         // memory, host and device, and kernels' modules given for `'scope` and checked to cover
         // every range outside the scoped buffers (`finish`), borrowed until the scope has waited for
         // this stream, and (b) ranges of scoped buffers, claimed for the scope and admitted just
@@ -340,9 +339,9 @@ impl<'scope> ScopedStream<'scope> {
         // counted until this call has queued the replay, so a retire of them waits for it and
         // records its events on this stream (a stream of their scope, checked) after it. The
         // instantiation is borrowed for `'scope` too, so it is destroyed only after the wait.
-        let launched = check(unsafe { sys::cuGraphLaunch(graph.graph.inner.exec, self.as_raw()) });
+        let launched = unsafe { graph.graph.inner.launch(self.as_raw()) };
         drop(counted);
-        Ok(launched?)
+        launched
     }
 }
 
