@@ -2752,7 +2752,7 @@ fn graph_rows(ctx: &Context, rows: &mut Vec<Row>) -> BenchResult<()> {
 
 /// The graph launch row of [`graph_rows`]: `graph`'s replay in a scope against a raw graph of the
 /// same 64 operations on `rx`/`ry`, captured with raw calls, launched with `cuGraphLaunch` and
-/// waited for with `cuStreamSynchronize`.
+/// waited for with `cuStreamSynchronize`; and the scoped graph row against the same raw replay.
 fn launch_rows(
     ctx: &Context,
     stream: &cuda_vmm::Stream,
@@ -2761,19 +2761,69 @@ fn launch_rows(
     (rx, ry): (&DeviceBuffer<u32>, &DeviceBuffer<u32>),
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
-    const PAIRS: usize = 32;
-    const N: usize = 1024;
     const REPS: usize = 2000;
-    let n32 = u32::try_from(N)?;
     // The raw graph: the same 64 operations on `rx`/`ry`, captured with raw calls.
     let raw_stream = stream.as_raw().cast::<c_void>();
+    let (raw_graph, exec) = raw_graph_of_64(ctx, raw_stream, raw_kernel, (rx, ry))?;
+    let raw_replay = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        // SAFETY: the instantiated raw graph, on its stream, waited for before the next launch.
+        unsafe {
+            ok(raw_graph::cuGraphLaunch(exec, raw_stream))?;
+            ok(raw::cuStreamSynchronize(raw_stream))
+        }
+    };
+    let replay = || -> BenchResult<()> {
+        cuda_vmm::scope(|s| s.on(stream).launch_graph(graph))?;
+        Ok(())
+    };
+    let (safe, raw_t, paired) = race_paired(REPS, replay, raw_replay)?;
+    let (a, b, calibration) = race_paired(REPS, raw_replay, raw_replay)?;
+    scoped_graph_row(ctx, raw_replay, rows)?;
+    // SAFETY: the raw graph's last launch was waited for; each object destroyed once.
+    unsafe {
+        ok(raw_graph::cuGraphExecDestroy(exec))?;
+        ok(raw_graph::cuGraphDestroy(raw_graph))?;
+    }
+    rows.push(Row {
+        name: "graph launch, raw vs raw (us)".into(),
+        unit: "us",
+        safe: a * 1e6,
+        raw: b * 1e6,
+        paired: Some(calibration),
+        goal: "calibration: ~1",
+    });
+    rows.push(Row {
+        name: "graph launch: scope + launch_graph vs cuGraphLaunch + cuStreamSynchronize, 64 nodes (us)"
+            .into(),
+        unit: "us",
+        safe: safe * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.01",
+    });
+    Ok(())
+}
+
+/// The raw graph of [`launch_rows`]: 32 memsets of `N` values of `rx`, each read by a
+/// `spin_add_one` of `N` values into `ry` that does not spin, captured on `raw_stream` with raw calls
+/// and instantiated. The caller destroys both (after the last launch, waited for).
+fn raw_graph_of_64(
+    ctx: &Context,
+    raw_stream: *mut c_void,
+    raw_kernel: &RawSpin,
+    (rx, ry): (&DeviceBuffer<u32>, &DeviceBuffer<u32>),
+) -> BenchResult<(*mut c_void, *mut c_void)> {
+    const PAIRS: usize = 32;
+    const N: usize = 1024;
+    let n32 = u32::try_from(N)?;
     let (x0, y0) = (rx.as_slice().as_raw_ptr(), ry.as_slice().as_raw_ptr());
     let mut raw_graph = core::ptr::null_mut();
     let mut exec = core::ptr::null_mut();
     ctx.bind_to_thread()?;
     // SAFETY: a live, non-capturing stream of the current context; every address is `N` values of
-    // `rx` or `ry`, alive until the graph is destroyed below (after its last launch, waited for); the
-    // capture is ended, instantiated, and both objects are destroyed once at the end.
+    // `rx` or `ry`, alive until the caller destroys the graph (after its last launch, waited for);
+    // the capture is ended and instantiated here.
     unsafe {
         ok(raw_graph::cuStreamBeginCapture_v2(raw_stream, 1))?;
         for i in 0..PAIRS {
@@ -2796,35 +2846,63 @@ fn launch_rows(
             0,
         ))?;
     }
-    let raw_replay = || -> BenchResult<()> {
-        ctx.bind_to_thread()?;
-        // SAFETY: the instantiated raw graph, on its stream, waited for before the next launch.
-        unsafe {
-            ok(raw_graph::cuGraphLaunch(exec, raw_stream))?;
-            ok(raw::cuStreamSynchronize(raw_stream))
-        }
+    Ok((raw_graph, exec))
+}
+
+/// The scoped graph row: the same 64 operations captured over one page of a `VirtualBuffer`,
+/// parked and bound to one long scope over the buffer lent to it (`ParkedGraph::in_scope`), each
+/// replay admitting its range (`launch_scoped_graph`; the memsets and kernels write 256 KiB of the
+/// page, one range once merged) and waited for on its stream, against `raw_replay` (the raw graph's
+/// `cuGraphLaunch` + `cuStreamSynchronize`): what the admission of every replay costs in an
+/// engine's one scope.
+fn scoped_graph_row(
+    ctx: &Context,
+    mut raw_replay: impl FnMut() -> BenchResult<()>,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    const PAIRS: usize = 32;
+    const N: usize = 1024;
+    const REPS: usize = 2000;
+    let device = ctx.device();
+    let g = allocation_granularity(device, Granularity::Minimum)?;
+    let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
+    let kernel = module.function(c"spin_add_one")?;
+    let n32 = u32::try_from(N)?;
+    let mut cache = cuda_vmm::VirtualBuffer::new(4 * g, &[device], ReadWrite)?;
+    cache.grow(device, g)?;
+    let mut capturing = cuda_vmm::Stream::new(ctx)?;
+    let stream = cuda_vmm::Stream::new(ctx)?;
+    let parked = {
+        let view = cache.slice_bytes_mut::<u32>(..2 * PAIRS * N * 4)?;
+        let (x, y) = view.split_at_mut(PAIRS * N)?;
+        let (mut xs, mut ys) = (chunks(x, PAIRS, N)?, chunks(y, PAIRS, N)?);
+        cuda_vmm::stream::Graph::capture(&mut capturing, |c| {
+            for (x, y) in xs.iter_mut().zip(ys.iter_mut()) {
+                let set = c.memset(&mut *x, 0)?;
+                // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)`, `N` values of each view.
+                unsafe { c.launch(&kernel, (4, 1, 1), (256, 1, 1), (&mut *y, set, n32, 0u64))? };
+            }
+            Ok(())
+        })?
+        .park()
     };
-    let replay = || -> BenchResult<()> {
-        cuda_vmm::scope(|s| s.on(stream).launch_graph(graph))?;
+    let mut timed = None;
+    cuda_vmm::scope(|s| {
+        let work = s.on(&stream);
+        let kv = cache.in_scope(s);
+        let mut graph = parked.in_scope().buffer(&kv).module(&module).finish()?;
+        let replay = || -> BenchResult<()> {
+            work.launch_scoped_graph(&mut graph)?;
+            work.synchronize()?;
+            Ok(())
+        };
+        timed = Some(race_paired(REPS, replay, &mut raw_replay).map_err(|e| e.to_string()));
         Ok(())
-    };
-    let (safe, raw_t, paired) = race_paired(REPS, replay, raw_replay)?;
-    let (a, b, calibration) = race_paired(REPS, raw_replay, raw_replay)?;
-    // SAFETY: the raw graph's last launch was waited for; each object destroyed once.
-    unsafe {
-        ok(raw_graph::cuGraphExecDestroy(exec))?;
-        ok(raw_graph::cuGraphDestroy(raw_graph))?;
-    }
+    })?;
+    let (safe, raw_t, paired) = timed.ok_or("the scoped graph row did not run")??;
     rows.push(Row {
-        name: "graph launch, raw vs raw (us)".into(),
-        unit: "us",
-        safe: a * 1e6,
-        raw: b * 1e6,
-        paired: Some(calibration),
-        goal: "calibration: ~1",
-    });
-    rows.push(Row {
-        name: "graph launch: scope + launch_graph vs cuGraphLaunch + cuStreamSynchronize, 64 nodes (us)"
+        name: "scoped graph replay: launch_scoped_graph (its one range admitted) + sync in one scope vs \
+               cuGraphLaunch + cuStreamSynchronize, 64 nodes (us)"
             .into(),
         unit: "us",
         safe: safe * 1e6,

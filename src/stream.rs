@@ -97,14 +97,18 @@
 //!
 //! A [`Graph`] is work captured once ([`Graph::capture`]) that borrows what it uses for as long
 //! as it lives, replayed in scopes ([`ScopedStream::launch_graph`]), and parked ([`ParkedGraph`])
-//! while its memory is evicted. Memory that can leave while a scope lasts is not captured.
+//! while its memory is evicted. Memory that can leave while a scope lasts is not captured; a
+//! parked graph over a buffer lent to a scope is bound to that scope instead ([`ScopedGraph`]):
+//! the ranges it touches there are claimed for the scope and admitted at every replay
+//! ([`ScopedStream::launch_scoped_graph`]), so a retire orders its release after the replays.
 //!
 //! # The files
 //! By concept, lowest first, none naming a higher one (`tests/layers.rs` checks it): this file
 //! ([`Stream`] and its identity), `event.rs`, `pinned.rs`; `lend.rs` (what may be lent: the sealed
 //! traits, and what a queued write hands back); `scope.rs` (the scope and its registry of
 //! streams); `rewritable.rs`; `launch.rs` and `queue.rs` (what is queued: kernel arguments, and
-//! the operations of a scoped stream and of a capture); `graph.rs` and `graph/park.rs`.
+//! the operations of a scoped stream and of a capture); `graph.rs`, `graph/park.rs` and
+//! `graph/scoped.rs`.
 
 use core::ffi::c_void;
 use core::fmt;
@@ -135,8 +139,10 @@ mod table;
 mod graph;
 
 pub use event::Event;
-pub(crate) use graph::Covers;
-pub use graph::{Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind};
+pub use graph::{
+    Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind, ScopedGraph, ScopedRebind,
+};
+pub(crate) use graph::{Claim, Covers, Lender};
 pub use launch::{KernelArg, KernelArgs};
 pub use lend::{DeviceInFlight, HostInFlight, HostSource, HostTarget, ScopedRead, ScopedWrite};
 pub use pinned::{PinnedBuffer, PinnedChunks, PinnedSliceMut};

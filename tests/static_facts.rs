@@ -324,6 +324,13 @@ assert_eq_size!(cuda_vmm::stream::ParkedGraph, usize);
 assert_impl_all!(cuda_vmm::stream::Rebind<'static>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::Rebind<'static>: Clone, Copy);
 assert_impl_all!(cuda_vmm::stream::NotRebound: Send, Sync, std::error::Error);
+// A graph bound to a scope holds shared borrows only (the parked graph, the buffers' page tables
+// and the scope's streams): it moves between the scope's threads, and is replayed through `&mut`,
+// so one replay is admitted and queued at a time. One binding, one set of claims: no `Clone`.
+assert_impl_all!(cuda_vmm::stream::ScopedGraph<'static>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::ScopedGraph<'static>: Clone, Copy);
+assert_impl_all!(cuda_vmm::stream::ScopedRebind<'static>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::ScopedRebind<'static>: Clone, Copy);
 
 // NCCL (feature `nccl`): a communicator stays on the thread that made it, and so do its
 // registrations and windows (NCCL does not allow one communicator to be used from two threads at

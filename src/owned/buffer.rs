@@ -9,8 +9,9 @@
 //! - The host-waiting [`VirtualBuffer`]: this file (reserve, grow, map, unmap, access changes,
 //!   teardown), `views.rs`, `retire.rs` (stream-ordered release), `evict.rs` (evict and restore),
 //!   `exportable.rs` (page options, export and import), `dmabuf.rs` (dma-buf export of a range).
-//! - The scoped one, [`ScopedBuffer`] (the same table, lent to a scope, no host wait): `scoped.rs`
-//!   and `scoped/evict.rs`.
+//! - The scoped one, [`ScopedBuffer`] (the same table, lent to a scope, no host wait): `scoped.rs`,
+//!   `scoped/evict.rs`, `scoped/read_back.rs` and `scoped/graph.rs` (a parked graph's ranges
+//!   claimed for the scope and admitted at every replay).
 
 use core::fmt;
 use core::marker::PhantomData;

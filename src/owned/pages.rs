@@ -268,11 +268,49 @@ impl<S: Copy + Eq> Claims<S> {
         if start >= end {
             return Ok(());
         }
+        self.check_claim(start, end, false)?;
+        self.add_read(start, end);
+        Ok(())
+    }
+
+    /// `Ok` where `[start, end)` can be claimed, for writing (no claim shares a byte) or reading (no
+    /// write claim does), else the first shared bytes named; changes nothing.
+    fn check_claim(&self, start: usize, end: usize, write: bool) -> Result<(), Error> {
+        if start >= end {
+            return Ok(());
+        }
         if let Some(w) = self.writes_in(start, end).first() {
-            let problem = if w.settled { WRITTEN } else { LENT_FOR_WRITING };
+            let problem = match (write, w.settled) {
+                (true, true) => {
+                    "were written and read back in this scope: retire them before writing again"
+                }
+                (true, false) => "are lent for writing",
+                (false, true) => WRITTEN,
+                (false, false) => LENT_FOR_WRITING,
+            };
             return Err(shared(w, start, end, problem));
         }
-        self.add_read(start, end);
+        if write {
+            shared_with(&self.reads, start, end, "are lent for reading")?;
+        }
+        Ok(())
+    }
+
+    /// Claims every range of `ranges` (`[start, end)` and whether for writing), which share no byte
+    /// with each other, all or none: each is checked as [`write`](Claims::write) or
+    /// [`read`](Claims::read) checks it before any is claimed. What a graph bound to a scope
+    /// claims for its replays.
+    pub(super) fn claim_all(&mut self, ranges: &[(usize, usize, bool)]) -> Result<(), Error> {
+        for &(start, end, write) in ranges {
+            self.check_claim(start, end, write)?;
+        }
+        for &(start, end, write) in ranges.iter().filter(|r| r.0 < r.1) {
+            if write {
+                self.add_write(start, end, None);
+            } else {
+                self.add_read(start, end);
+            }
+        }
         Ok(())
     }
 
@@ -308,15 +346,7 @@ impl<S: Copy + Eq> Claims<S> {
         if start >= end {
             return Ok(());
         }
-        if let Some(w) = self.writes_in(start, end).first() {
-            let problem = if w.settled {
-                "were written and read back in this scope: retire them before writing again"
-            } else {
-                "are lent for writing"
-            };
-            return Err(shared(w, start, end, problem));
-        }
-        shared_with(&self.reads, start, end, "are lent for reading")?;
+        self.check_claim(start, end, true)?;
         self.add_write(start, end, None);
         Ok(())
     }

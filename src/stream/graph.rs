@@ -49,9 +49,12 @@ use super::queue::{self, Queue};
 use super::scope::ScopedStream;
 
 mod park;
+mod scoped;
 
 pub(crate) use park::Covers;
 pub use park::{NotRebound, ParkedGraph, Rebind};
+pub(crate) use scoped::{Claim, Lender};
+pub use scoped::{ScopedGraph, ScopedRebind};
 
 /// Work captured from typed operations and instantiated, replayed by
 /// [`ScopedStream::launch_graph`]: `cuStreamBeginCapture` (in `THREAD_LOCAL` mode),

@@ -394,21 +394,31 @@ impl Origin<'_> {
         stream: StreamId,
         write: bool,
     ) -> Result<usize, Error> {
+        let bytes = view
+            .len()
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::Overflow { what: "view size" })?;
+        self.admit_bytes(view.as_raw_ptr(), bytes, stream, write)
+    }
+
+    /// As [`admit`](Origin::admit), for the `bytes` bytes at `ptr` (a graph's captured range).
+    pub(super) fn admit_bytes(
+        self,
+        ptr: u64,
+        bytes: usize,
+        stream: StreamId,
+        write: bool,
+    ) -> Result<usize, Error> {
         if !self.streams.registered(stream) {
             return Err(Error::StreamRefused {
                 why: "a view of a scoped buffer is lent only to work on a stream of its scope \
                       (`Scope::on`), which its retires record their events on",
             });
         }
-        let bytes = view
-            .len()
-            .checked_mul(size_of::<T>())
-            .ok_or(Error::Overflow { what: "view size" })?;
         if write {
-            self.pages
-                .admit_write(view.as_raw_ptr(), bytes, self.epoch, stream)
+            self.pages.admit_write(ptr, bytes, self.epoch, stream)
         } else {
-            self.pages.admit(view.as_raw_ptr(), bytes, self.epoch)
+            self.pages.admit(ptr, bytes, self.epoch)
         }
     }
 }

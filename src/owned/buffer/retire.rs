@@ -172,7 +172,7 @@ impl<M: AccessMode> Tracker for VirtualBuffer<M> {
 
 impl<M: AccessMode> VirtualBuffer<M> {
     /// The offsets `[start, end)` of the view of `bytes` at `ptr`.
-    fn offsets(&self, ptr: u64, bytes: usize) -> Result<(usize, usize), Error> {
+    pub(super) fn offsets(&self, ptr: u64, bytes: usize) -> Result<(usize, usize), Error> {
         let start = ptr
             .checked_sub(self.base)
             .and_then(|offset| usize::try_from(offset).ok())

@@ -18,6 +18,7 @@ use crate::view::{DeviceSlice, Reach, range_bounds};
 use crate::vmm::access::{AccessMode, ReadWrite};
 
 mod evict;
+mod graph;
 mod read_back;
 
 pub use evict::EvictedInFlight;

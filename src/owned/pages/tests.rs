@@ -59,6 +59,45 @@ mod claims {
     }
 
     #[test]
+    fn claim_all_claims_every_range_or_none() {
+        let mut claims = Claims::<u8>::default();
+        assert_eq!(problem(claims.write(0, 10)), None);
+        assert_eq!(problem(claims.read(40, 50)), None);
+        // The third range shares bytes with the write claim: nothing is claimed, not even the
+        // first two, and the shared bytes are named.
+        assert_eq!(
+            problem(claims.claim_all(&[(20, 30, true), (30, 35, false), (5, 15, false)])),
+            Some((5, 10, LENT_FOR_WRITING))
+        );
+        assert_eq!(writes(&claims), vec![(0, 10)]);
+        assert_eq!(claims.reads, vec![(40, 50)]);
+        // A write over a read claim is refused, a read beside it shared.
+        assert_eq!(
+            problem(claims.claim_all(&[(20, 30, true), (45, 60, true)])),
+            Some((45, 50, "are lent for reading"))
+        );
+        assert_eq!(writes(&claims), vec![(0, 10)]);
+        assert_eq!(
+            problem(claims.claim_all(&[(20, 30, true), (30, 45, false), (60, 60, true)])),
+            None
+        );
+        assert_eq!(writes(&claims), vec![(0, 10), (20, 30)], "no empty claim");
+        assert_eq!(claims.reads, vec![(30, 50)]);
+        // What it claimed for writing is exclusive, and is lent for writing as `write`'s claims.
+        assert_eq!(
+            problem(claims.write(25, 26)),
+            Some((25, 26, "are lent for writing"))
+        );
+        assert_eq!(problem(claims.wrote(20, 30, 1)), None);
+        assert_eq!(claims.read_back(20, 30).ok(), Some(vec![1]));
+        assert_eq!(
+            problem(claims.claim_all(&[(20, 30, false)])),
+            Some((20, 30, WRITTEN)),
+            "read back: a plain read of written bytes is refused"
+        );
+    }
+
+    #[test]
     fn a_retired_range_frees_its_claims() {
         let mut claims = Claims::<u8>::default();
         claims.write(0, 10).unwrap();

@@ -93,7 +93,7 @@ use super::{Graph, Instance, Touch};
 /// ```
 pub struct ParkedGraph {
     /// Boxed: a parked graph is moved about (inside a [`NotRebound`] too), and parking is rare.
-    inner: Box<Instance>,
+    pub(super) inner: Box<Instance>,
 }
 
 impl fmt::Debug for ParkedGraph {
@@ -137,9 +137,7 @@ impl ParkedGraph {
     pub fn rebind<'g>(self) -> Rebind<'g> {
         Rebind {
             parked: self,
-            given: Vec::new(),
-            modules: Vec::new(),
-            _borrows: PhantomData,
+            gifts: Gifts::default(),
         }
     }
 }
@@ -154,11 +152,27 @@ impl ParkedGraph {
 /// its views. Invariant.
 pub struct Rebind<'g> {
     parked: ParkedGraph,
+    gifts: Gifts<'g>,
+}
+
+/// What a [`Rebind`] (or a [`ScopedRebind`](super::ScopedRebind)) was given for `'g`, and the
+/// check that it covers everything a graph touches: written once for both.
+pub(super) struct Gifts<'g> {
     given: Vec<Given<'g>>,
     /// The ids of the modules given.
     modules: Vec<u64>,
     /// Everything given is borrowed for `'g`: invariant, as [`Graph`]. No effect on auto traits.
     _borrows: PhantomData<&'g mut &'g ()>,
+}
+
+impl Default for Gifts<'_> {
+    fn default() -> Self {
+        Gifts {
+            given: Vec::new(),
+            modules: Vec::new(),
+            _borrows: PhantomData,
+        }
+    }
 }
 
 /// Memory given to a [`Rebind`], and whether for writing.
@@ -176,6 +190,16 @@ enum Given<'g> {
         device: Option<Device>,
         writable: bool,
     },
+    /// The reservation `[start, end)` of a buffer lent to a scope, whose bytes the graph touches
+    /// are claimed for the scope and admitted at every replay (a [`ScopedGraph`](super::ScopedGraph)):
+    /// writable where the buffer's grants are, `granted` where its access set names the graph's
+    /// device.
+    Scoped {
+        start: u64,
+        end: u64,
+        writable: bool,
+        granted: bool,
+    },
 }
 
 /// Device memory with pages, which a [`Rebind`] checks a range against: the owned layer's
@@ -192,8 +216,8 @@ impl fmt::Debug for Rebind<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Rebind")
             .field("graph", &self.parked)
-            .field("given", &self.given.len())
-            .field("modules", &self.modules.len())
+            .field("given", &self.gifts.given.len())
+            .field("modules", &self.gifts.modules.len())
             .finish()
     }
 }
@@ -206,7 +230,7 @@ impl<'g> Rebind<'g> {
         pages: &'g (dyn Covers + Sync),
         writable: bool,
     ) -> Rebind<'g> {
-        self.given.push(Given::Buffer {
+        self.gifts.given.push(Given::Buffer {
             buffer: pages,
             writable,
         });
@@ -228,14 +252,7 @@ impl<'g> Rebind<'g> {
     }
 
     fn device_span<T: Pod>(mut self, buffer: &'g DeviceBuffer<T>, writable: bool) -> Rebind<'g> {
-        let view = buffer.as_slice();
-        let touch = Touch::device::<T>(view.as_raw_ptr(), view.len(), writable);
-        self.given.push(Given::Span {
-            start: touch.start,
-            end: touch.end,
-            device: Some(buffer.context().device()),
-            writable,
-        });
+        self.gifts.device_span(buffer, writable);
         self
     }
 
@@ -254,20 +271,14 @@ impl<'g> Rebind<'g> {
     }
 
     fn host_span<T: Pod>(mut self, buffer: &'g PinnedBuffer<T>, writable: bool) -> Rebind<'g> {
-        let touch = Touch::host(buffer.as_ptr(), buffer.len(), writable);
-        self.given.push(Given::Span {
-            start: touch.start,
-            end: touch.end,
-            device: None,
-            writable,
-        });
+        self.gifts.host_span(buffer, writable);
         self
     }
 
     /// Give `module`, loaded for `'g`, for the graph's kernels that came from it.
     #[must_use = "the rebind is made by `finish`"]
     pub fn module(mut self, module: &'g Module) -> Rebind<'g> {
-        self.modules.push(module.id());
+        self.gifts.module(module);
         self
     }
 
@@ -310,7 +321,7 @@ impl<'g> Rebind<'g> {
     /// # }
     /// ```
     pub fn finish(self) -> Result<Graph<'g>, NotRebound> {
-        match self.check() {
+        match self.gifts.check(&self.parked.inner) {
             Ok(()) => Ok(Graph {
                 inner: *self.parked.inner,
                 _borrows: PhantomData,
@@ -321,10 +332,50 @@ impl<'g> Rebind<'g> {
             }),
         }
     }
+}
 
-    /// Every kernel's module given, every range the graph touches covered.
-    fn check(&self) -> Result<(), Error> {
-        let inner = &self.parked.inner;
+impl<'g> Gifts<'g> {
+    /// Gives `buffer`'s device memory, for writing where `writable`.
+    pub(super) fn device_span<T: Pod>(&mut self, buffer: &'g DeviceBuffer<T>, writable: bool) {
+        let view = buffer.as_slice();
+        let touch = Touch::device::<T>(view.as_raw_ptr(), view.len(), writable);
+        self.given.push(Given::Span {
+            start: touch.start,
+            end: touch.end,
+            device: Some(buffer.context().device()),
+            writable,
+        });
+    }
+
+    /// Gives `buffer`'s host memory, for writing where `writable`.
+    pub(super) fn host_span<T: Pod>(&mut self, buffer: &'g PinnedBuffer<T>, writable: bool) {
+        let touch = Touch::host(buffer.as_ptr(), buffer.len(), writable);
+        self.given.push(Given::Span {
+            start: touch.start,
+            end: touch.end,
+            device: None,
+            writable,
+        });
+    }
+
+    /// Gives `module`'s kernels.
+    pub(super) fn module(&mut self, module: &'g Module) {
+        self.modules.push(module.id());
+    }
+
+    /// Gives the reservation `[start, end)` of a scoped buffer, whose bytes the graph touches are
+    /// claimed and admitted by the [`ScopedGraph`](super::ScopedGraph) instead.
+    pub(super) fn scoped(&mut self, start: u64, end: u64, writable: bool, granted: bool) {
+        self.given.push(Given::Scoped {
+            start,
+            end,
+            writable,
+            granted,
+        });
+    }
+
+    /// Every kernel's module given, every range the graph `inner` touches covered.
+    pub(super) fn check(&self, inner: &Instance) -> Result<(), Error> {
         if inner
             .kernels
             .iter()
@@ -366,6 +417,22 @@ impl<'g> Rebind<'g> {
                             }
                         }
                     }
+                }
+                Given::Scoped {
+                    start,
+                    end,
+                    writable,
+                    granted,
+                } => {
+                    let inside = !touch.host && start <= touch.start && touch.end <= end;
+                    if inside && !granted {
+                        return Err(graph_range(
+                            touch,
+                            "are in a scoped buffer whose access set does not name the graph's \
+                             device",
+                        ));
+                    }
+                    (inside, writable)
                 }
                 Given::Span {
                     start,

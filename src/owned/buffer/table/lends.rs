@@ -112,6 +112,20 @@ impl<P> Table<P> {
         Ok(self.epoch)
     }
 
+    /// Claims every range of `ranges` (`[start, end)`, whether for writing; sharing no byte with
+    /// each other) for a scope, all or none, once each is [`usable`](Table::usable): the count of
+    /// mapped pages now, which their lends carry (a graph bound to the scope).
+    pub(in crate::owned::buffer) fn claim_all(
+        &mut self,
+        ranges: &[(usize, usize, bool)],
+    ) -> Result<u64, Error> {
+        for &(start, end, _) in ranges {
+            self.usable(start, end)?;
+        }
+        self.claims.claim_all(ranges)?;
+        Ok(self.epoch)
+    }
+
     /// Forgets every claim: the scope that held them has ended.
     pub(in crate::owned::buffer) fn clear_claims(&mut self) {
         self.claims.clear();
