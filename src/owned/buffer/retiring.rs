@@ -5,7 +5,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, first_error};
-use crate::stream::{Event, PinnedBuffer, Stream};
+use crate::stream::{Event, PinnedBuffer, Stream, StreamId};
 
 /// The number of one retire: its pages carry it, and are released once every event recorded for it
 /// has completed. Tickets are given in increasing order: a later retire's is greater.
@@ -21,11 +21,15 @@ pub(super) type EachStream<'a> =
 const SPARE_EVENTS: usize = 64;
 
 /// One retire whose events have not all been seen complete: its ticket, an event recorded after the
-/// work it waits for on each stream that work may run on, and host memory that work reads (the
-/// source of a stream-ordered restore's copies), freed with it.
+/// work it waits for on each stream that work may run on (with the stream it was recorded on, where
+/// known), and host memory that work reads (the source of a stream-ordered restore's copies), freed
+/// with it.
 struct Retiring {
     ticket: Ticket,
     events: Vec<Event>,
+    /// The stream each event of `events` was recorded on, in the same order; empty where the
+    /// streams are not known (each event is then queried).
+    streams: Vec<StreamId>,
     host: Option<PinnedBuffer<u8>>,
 }
 
@@ -68,6 +72,7 @@ impl Retires {
         recorded: &mut u64,
     ) -> Result<(), Error> {
         let mut events = Vec::new();
+        let mut streams = Vec::new();
         let spare = &mut self.spare_events;
         let result = each(&mut |stream| {
             let event = match spare.iter().position(|e| e.device() == stream.device()) {
@@ -77,6 +82,7 @@ impl Retires {
             *recorded = recorded.saturating_add(1);
             stream.record(&event)?;
             events.push(event);
+            streams.push(stream.id());
             Ok(())
         });
         // A record refused, or a capture begun meanwhile (which may have taken the record as a
@@ -90,10 +96,12 @@ impl Retires {
         if result.is_err() || captured {
             let _ = each(&mut |stream| stream.synchronize());
             events.clear();
+            streams.clear();
         }
         self.waiting.push(Retiring {
             ticket,
             events,
+            streams,
             host: None,
         });
         result
@@ -106,6 +114,7 @@ impl Retires {
         self.waiting.push(Retiring {
             ticket,
             events: vec![done],
+            streams: Vec::new(),
             host: Some(host),
         });
     }
@@ -123,14 +132,18 @@ impl Retires {
     /// first, whose pages the work no longer uses. Their host memory is freed and their events kept
     /// for later retires. An event whose query fails is not known complete: its retire waits for
     /// the drop.
+    ///
+    /// One query per stream that still runs, not one per event: once an event of a stream is seen
+    /// incomplete, the later retires' events of that stream are not queried in this pass (each
+    /// was recorded after it, so it cannot have completed first), and their retires wait for the
+    /// next pass. Skipping a query only ever leaves a retire waiting, never takes one: the
+    /// ordering is a saving, not a proof anything rests on.
     pub(super) fn take_finished(&mut self) -> Vec<Ticket> {
         let mut finished = Vec::new();
+        let mut running: Vec<StreamId> = Vec::new();
         let mut index = 0usize;
         while let Some(retire) = self.waiting.get(index) {
-            let done = retire
-                .events
-                .iter()
-                .all(|event| event.is_complete().unwrap_or(false));
+            let done = all_complete(retire, &mut running);
             if !done {
                 index = index.saturating_add(1);
                 continue;
@@ -171,4 +184,24 @@ impl Retires {
                 .map(Event::synchronize),
         )
     }
+}
+
+/// `cuEventQuery` — whether every event of `retire` has completed, querying none recorded on a
+/// stream of `running` (the streams seen running in this pass: not complete, without a query), and
+/// adding the stream of the first event seen incomplete to `running`. A failed query counts as
+/// incomplete.
+fn all_complete(retire: &Retiring, running: &mut Vec<StreamId>) -> bool {
+    for (index, event) in retire.events.iter().enumerate() {
+        let stream = retire.streams.get(index).copied();
+        if stream.is_some_and(|stream| running.contains(&stream)) {
+            return false;
+        }
+        if !event.is_complete().unwrap_or(false) {
+            if let Some(stream) = stream {
+                running.push(stream);
+            }
+            return false;
+        }
+    }
+    true
 }
