@@ -276,6 +276,11 @@ fn run() -> BenchResult<()> {
         shareable_rows(ctx, g, &mut rows, &mut not_run)?;
         return report(&device.name()?, devices.len(), &rows, &not_run);
     }
+    // Where the host's time goes in the host-bound elastic decode loop (`bench parts`): a report,
+    // no goal.
+    if std::env::args().nth(1).as_deref() == Some("parts") {
+        return elastic_parts(ctx, g);
+    }
     // The rows of the paths that other code can queue work beside (`bench seams`): the scope
     // around a small copy, the graph replays, cudarc's scope and NCCL's.
     if std::env::args().nth(1).as_deref() == Some("seams") {
@@ -2546,6 +2551,174 @@ fn reserve_note(row: &str, stats: cuda_vmm::owned::BufferStats) {
 }
 
 /// `count` token slots of [`DECODE_TOKEN`] bytes from byte `from` of `kv`, each lent for writing.
+/// `bench parts`: the host-bound decode loop with a reserve (as the row "a kernel with no spin
+/// (host-bound), the growing buffer with a reserve"), timed per operation on the host, beside the
+/// preallocated loop timed the same way, so the difference per page is split into the map, the
+/// token slots, the launches, the retire and the scope's end. Each figure is the mean over the
+/// runs, in microseconds per run of `DECODE_STEPS` steps.
+fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
+    let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
+    let kernel = module.function(c"spin_add_one")?;
+    let stream = cuda_vmm::Stream::new(ctx)?;
+    let device = ctx.device();
+    let ring = DECODE_RESERVE_RING;
+    let mut growing = cuda_vmm::VirtualBuffer::new(ring * g, &[device], ReadWrite)?;
+    growing.reserve_ahead(cuda_vmm::owned::ReserveOptions::new(
+        device,
+        g,
+        DECODE_RESERVE,
+    ))?;
+    let mut preallocated = cuda_vmm::VirtualBuffer::new(2 * g, &[device], ReadWrite)?;
+    preallocated.grow(device, g)?;
+    preallocated.grow(device, g)?;
+    // [map, slots, launch, retire, scope end, whole run]
+    let mut grow_t = [0f64; 6];
+    let mut fixed_t = [0f64; 6];
+    let mut next = 0usize;
+    let reps = 400usize;
+    for rep in 0..(2 * reps) {
+        let counting = rep >= reps;
+        let mut t = [0f64; 6];
+        let run = Instant::now();
+        let mut inner_end = Instant::now();
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(&stream), growing.in_scope(s));
+            let mut page = (next % ring) * g;
+            next += 1;
+            let a = Instant::now();
+            kv.map_page(page, device, g)?;
+            t[0] += a.elapsed().as_secs_f64();
+            let a = Instant::now();
+            let mut tokens = token_slots(&kv, page, DECODE_EVERY)?;
+            t[1] += a.elapsed().as_secs_f64();
+            let mut last = w.memset(&mut tokens[0], 0)?;
+            for step in 1..DECODE_STEPS {
+                if step % DECODE_EVERY == 0 {
+                    let old = page;
+                    page = (next % ring) * g;
+                    next += 1;
+                    let a = Instant::now();
+                    kv.map_page(page, device, g)?;
+                    t[0] += a.elapsed().as_secs_f64();
+                    let a = Instant::now();
+                    tokens = token_slots(&kv, page, DECODE_EVERY)?;
+                    t[1] += a.elapsed().as_secs_f64();
+                    let a = Instant::now();
+                    last = decode_step(w, &kernel, &mut tokens[0], last, 0)?;
+                    t[2] += a.elapsed().as_secs_f64();
+                    let a = Instant::now();
+                    kv.retire(old..old + g)?;
+                    t[3] += a.elapsed().as_secs_f64();
+                } else {
+                    let a = Instant::now();
+                    last = decode_step(w, &kernel, &mut tokens[step % DECODE_EVERY], last, 0)?;
+                    t[2] += a.elapsed().as_secs_f64();
+                }
+            }
+            let a = Instant::now();
+            kv.retire(page..page + g)?;
+            t[3] += a.elapsed().as_secs_f64();
+            inner_end = Instant::now();
+            Ok(())
+        })?;
+        t[4] = inner_end.elapsed().as_secs_f64();
+        t[5] = run.elapsed().as_secs_f64();
+        if counting {
+            for (sum, x) in grow_t.iter_mut().zip(t) {
+                *sum += x;
+            }
+        }
+        let mut t = [0f64; 6];
+        let run = Instant::now();
+        let mut inner_end = Instant::now();
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(&stream), preallocated.in_scope(s));
+            let a = Instant::now();
+            let mut tokens = token_slots(&kv, 0, DECODE_EVERY)?;
+            tokens.extend(token_slots(&kv, g, DECODE_EVERY)?);
+            t[1] += a.elapsed().as_secs_f64();
+            let mut last = w.memset(&mut tokens[0], 0)?;
+            for step in 1..DECODE_STEPS {
+                let slot = step % tokens.len();
+                let a = Instant::now();
+                last = decode_step(w, &kernel, &mut tokens[slot], last, 0)?;
+                t[2] += a.elapsed().as_secs_f64();
+            }
+            inner_end = Instant::now();
+            Ok(())
+        })?;
+        t[4] = inner_end.elapsed().as_secs_f64();
+        t[5] = run.elapsed().as_secs_f64();
+        if counting {
+            for (sum, x) in fixed_t.iter_mut().zip(t) {
+                *sum += x;
+            }
+        }
+    }
+    capture_query_costs(&stream)?;
+    let per = 1e6 / float(reps);
+    println!(
+        "host-bound decode loop, {DECODE_STEPS} steps per run, us per run (mean of {reps} runs)"
+    );
+    println!(
+        "{:>12} {:>10} {:>10} {:>10}",
+        "part", "growing", "prealloc", "diff"
+    );
+    for (i, name) in [
+        "map_page",
+        "token slots",
+        "launches",
+        "retire",
+        "scope end",
+        "whole run",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (a, b) = (grow_t[i] * per, fixed_t[i] * per);
+        println!("{name:>12} {a:>10.2} {b:>10.2} {:>10.2}", a - b);
+    }
+    let stats = growing.stats();
+    println!("{stats:?}");
+    growing.free()?;
+    preallocated.free()?;
+    Ok(())
+}
+
+/// What one `cuStreamIsCapturing` costs, nothing capturing: on a created (non-blocking) stream,
+/// this thread's per-thread default stream and the legacy default stream (ns per call, the median
+/// of 21 batches of 10 000).
+fn capture_query_costs(stream: &cuda_vmm::Stream) -> BenchResult<()> {
+    unsafe extern "C" {
+        fn cuStreamIsCapturing(stream: *mut core::ffi::c_void, status: *mut u32) -> u32;
+    }
+    let targets: [(&str, *mut core::ffi::c_void); 3] = [
+        ("created", stream.as_raw().cast()),
+        ("per-thread", 2usize as *mut core::ffi::c_void),
+        ("legacy", core::ptr::null_mut()),
+    ];
+    for (name, raw) in targets {
+        let mut batches = Vec::new();
+        let mut code = 0;
+        let mut status = 0u32;
+        for _ in 0..21 {
+            let start = Instant::now();
+            for _ in 0..10_000 {
+                // SAFETY: a live stream of the current context (or a special handle);
+                // `status` is writable for the call.
+                code |= unsafe { cuStreamIsCapturing(core::hint::black_box(raw), &raw mut status) };
+            }
+            batches.push(start.elapsed().as_secs_f64() * 1e9 / 10_000.0);
+        }
+        batches.sort_by(f64::total_cmp);
+        println!(
+            "cuStreamIsCapturing({name}): {:.1} ns (code {code}, status {status})",
+            batches[10]
+        );
+    }
+    Ok(())
+}
+
 fn token_slots<'scope>(
     kv: &cuda_vmm::owned::ScopedBuffer<'scope, ReadWrite>,
     from: usize,
