@@ -54,8 +54,13 @@
 //! measured, not assumed); and a second
 //! mapping of a shared page (`VirtualBuffer::map_shared` + `unmap`) against `cuMemMap` +
 //! `cuMemSetAccess` + `cuMemUnmap` of the same handle at the same address, with the raw calls
-//! against themselves as calibration (goal <= 1.01). With the argument `motion`
-//! (`cargo run --release --example bench -- motion`), only these rows run.
+//! against themselves as calibration (goal <= 1.01). Then the decode engine of
+//! `examples/decode_engine.rs`, whose step is one graph (a `GraphTable`'s upload and a 100 us
+//! `decode_step` kernel) replayed with the host at most 2 steps ahead, 8 seeded sequences whose pages
+//! are mapped as they start and retired as they end, against the same engine over a preallocated
+//! cache (every lane mapped before the run, none retired), paired, only the scopes timed (goal <=
+//! 1.02). With the argument `motion` (`cargo run --release --example bench -- motion`), only these
+//! rows (and the graph rows) run.
 //!
 //! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
 //! cudarc's builder) over 1 GiB of VMM memory lent inside `cuda_vmm::interop::cudarc::scope`, the
@@ -85,6 +90,10 @@ fn float(n: usize) -> f64 {
 
 #[path = "../tests/common/raw_vmm.rs"]
 mod raw_vmm;
+// The decode engine of `examples/decode_engine.rs`, whose step is one graph with a graph table.
+#[allow(dead_code)]
+#[path = "common/graph_engine.rs"]
+mod graph_engine;
 
 /// The raw driver calls the safe API makes, declared with integer results.
 mod raw {
@@ -271,6 +280,7 @@ fn run() -> BenchResult<()> {
     let mut rows = Vec::new();
     if std::env::args().nth(1).as_deref() == Some("motion") {
         motion_rows(ctx, g, &mut rows)?;
+        graph_decode_row(ctx, g, &mut rows)?;
         graph_rows(ctx, &mut rows)?;
         let mut not_run = Vec::new();
         shareable_rows(ctx, g, &mut rows, &mut not_run)?;
@@ -343,6 +353,7 @@ fn run() -> BenchResult<()> {
     owned_rows(ctx, g, &mut rows, &mut not_run)?;
     shareable_rows(ctx, g, &mut rows, &mut not_run)?;
     motion_rows(ctx, g, &mut rows)?;
+    graph_decode_row(ctx, g, &mut rows)?;
     graph_rows(ctx, &mut rows)?;
     two_devices(&contexts, &mut rows, &mut not_run)?;
     host_and_ipc(ctx, &mut rows, &mut not_run)?;
@@ -2192,6 +2203,43 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
         decode_row(ctx, g, &kernel, &stream, motion, rows)?;
     }
     shared_map_rows(ctx, g, rows)
+}
+
+/// The decode engine of `examples/decode_engine.rs` (8 seeded sequences of up to 24 tokens, a
+/// 100 us `decode_step` per step, the step one graph with a graph table, replayed, the host at most
+/// two steps ahead): pages mapped as sequences start and retired as they end, against the same
+/// engine over a preallocated cache (every lane mapped before the run, none retired), paired.
+/// Only each run's scope is timed (the cache's reservation, and the preallocated pages' mapping,
+/// are not).
+fn graph_decode_row(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
+    const REPS: usize = 40;
+    let workload = graph_engine::Workload::random(0x5eed_0032, 8, 24, 1024);
+    let steps = workload.steps();
+    let engine =
+        std::cell::RefCell::new(graph_engine::GraphEngine::new(ctx, g, workload, 100_000)?);
+    let mut elastic =
+        || -> BenchResult<f64> { Ok(engine.borrow_mut().run(true, None)?.as_secs_f64()) };
+    let mut fixed =
+        || -> BenchResult<f64> { Ok(engine.borrow_mut().run(false, None)?.as_secs_f64()) };
+    for _ in 0..3 {
+        elastic()?;
+        fixed()?;
+    }
+    let (elastic_t, fixed_t, paired) = race_paired_parts(REPS, &mut elastic, &mut fixed)?;
+    let per_step = 1e6 / float(steps);
+    rows.push(Row {
+        name: format!(
+            "decode engine, one graph per step (graph table upload + 100 us kernel), the host at \
+             most 2 steps ahead, {steps} steps: pages mapped on demand and retired as sequences \
+             end vs a preallocated cache, per step (us)"
+        ),
+        unit: "us",
+        safe: elastic_t * per_step,
+        raw: fixed_t * per_step,
+        paired: Some(paired),
+        goal: "safe/raw <= 1.02",
+    });
+    Ok(())
 }
 
 /// The host time of a retire behind about 100 ms of queued work: a page of `g` bytes, half of it

@@ -140,7 +140,8 @@ mod graph;
 
 pub use event::Event;
 pub use graph::{
-    Capture, Graph, KernelNode, NotRebound, ParkedGraph, Rebind, ScopedGraph, ScopedRebind,
+    Capture, Graph, GraphTable, KernelNode, NotRebound, ParkedGraph, Rebind, ScopedGraph,
+    ScopedRebind, TableArg,
 };
 pub(crate) use graph::{Claim, Covers, Lender};
 pub use launch::{KernelArg, KernelArgs};

@@ -50,6 +50,10 @@ pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 // other threads' waits neither fail nor invalidate it.
 pub(crate) const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
 pub(crate) const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+/// `CUmemorytype`: where one side of a `CUDA_MEMCPY3D` is.
+pub(crate) const CU_MEMORYTYPE_HOST: u32 = 1;
+pub(crate) const CU_MEMORYTYPE_DEVICE: u32 = 2;
+pub(crate) const CU_MEMORYTYPE_UNIFIED: u32 = 4;
 // `CU_STREAM_PER_THREAD`: the calling thread's default stream, whichever thread that is.
 pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
 // `CUmemAccess_flags`
@@ -175,6 +179,34 @@ mod layout {
     const_assert_eq!(
         offset_of!(super::CUmemAllocationProp, allocFlags),
         offset_of!(s::CUmemAllocationProp, reserved)
+    );
+
+    assert_eq_size!(super::CUDA_MEMCPY3D, s::CUDA_MEMCPY3D);
+    assert_eq_align!(super::CUDA_MEMCPY3D, s::CUDA_MEMCPY3D);
+    const_assert_eq!(size_of::<super::CUDA_MEMCPY3D>(), 200);
+    const_assert_eq!(
+        offset_of!(super::CUDA_MEMCPY3D, srcMemoryType),
+        offset_of!(s::CUDA_MEMCPY3D, srcMemoryType)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUDA_MEMCPY3D, srcHost),
+        offset_of!(s::CUDA_MEMCPY3D, srcHost)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUDA_MEMCPY3D, srcDevice),
+        offset_of!(s::CUDA_MEMCPY3D, srcDevice)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUDA_MEMCPY3D, dstMemoryType),
+        offset_of!(s::CUDA_MEMCPY3D, dstMemoryType)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUDA_MEMCPY3D, WidthInBytes),
+        offset_of!(s::CUDA_MEMCPY3D, WidthInBytes)
+    );
+    const_assert_eq!(
+        offset_of!(super::CUDA_MEMCPY3D, Depth),
+        offset_of!(s::CUDA_MEMCPY3D, Depth)
     );
 
     assert_eq_size!(super::CUmemAccessDesc, s::CUmemAccessDesc);
@@ -335,6 +367,16 @@ unsafe extern "C" {
         node: CUgraphNode,
         params: *const CUDA_KERNEL_NODE_PARAMS_v2,
     ) -> CUresult;
+    pub(crate) fn cuGraphMemcpyNodeGetParams(
+        node: CUgraphNode,
+        params: *mut CUDA_MEMCPY3D,
+    ) -> CUresult;
+    pub(crate) fn cuGraphExecMemcpyNodeSetParams(
+        exec: CUgraphExec,
+        node: CUgraphNode,
+        params: *const CUDA_MEMCPY3D,
+        context: CUcontext,
+    ) -> CUresult;
     pub(crate) fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
     pub(crate) fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
     pub(crate) fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
@@ -454,3 +496,70 @@ const _: () = {
     assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v2, kern) == 56);
     assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v2, ctx) == 64);
 };
+
+/// `CUDA_MEMCPY3D`: one copy node's operands, as `cuGraphMemcpyNodeGetParams` writes them and
+/// `cuGraphExecMemcpyNodeSetParams` takes them. The two `CUmemorytype` fields are integers here
+/// (cuda-driver-sys has them as Rust enums, which a value the driver adds later would make undefined
+/// behaviour); the layout is asserted equal to the bindings' in `layout`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CUDA_MEMCPY3D {
+    pub(crate) srcXInBytes: usize,
+    pub(crate) srcY: usize,
+    pub(crate) srcZ: usize,
+    pub(crate) srcLOD: usize,
+    pub(crate) srcMemoryType: u32,
+    pub(crate) srcHost: *const c_void,
+    pub(crate) srcDevice: CUdeviceptr,
+    pub(crate) srcArray: *mut c_void,
+    pub(crate) reserved0: *mut c_void,
+    pub(crate) srcPitch: usize,
+    pub(crate) srcHeight: usize,
+    pub(crate) dstXInBytes: usize,
+    pub(crate) dstY: usize,
+    pub(crate) dstZ: usize,
+    pub(crate) dstLOD: usize,
+    pub(crate) dstMemoryType: u32,
+    pub(crate) dstHost: *mut c_void,
+    pub(crate) dstDevice: CUdeviceptr,
+    pub(crate) dstArray: *mut c_void,
+    pub(crate) reserved1: *mut c_void,
+    pub(crate) dstPitch: usize,
+    pub(crate) dstHeight: usize,
+    pub(crate) WidthInBytes: usize,
+    pub(crate) Height: usize,
+    pub(crate) Depth: usize,
+}
+
+impl CUDA_MEMCPY3D {
+    /// All zero (null pointers, zero sizes): what `cuGraphMemcpyNodeGetParams` overwrites.
+    pub(crate) fn zeroed() -> CUDA_MEMCPY3D {
+        CUDA_MEMCPY3D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcZ: 0,
+            srcLOD: 0,
+            srcMemoryType: 0,
+            srcHost: core::ptr::null(),
+            srcDevice: 0,
+            srcArray: core::ptr::null_mut(),
+            reserved0: core::ptr::null_mut(),
+            srcPitch: 0,
+            srcHeight: 0,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstZ: 0,
+            dstLOD: 0,
+            dstMemoryType: 0,
+            dstHost: core::ptr::null_mut(),
+            dstDevice: 0,
+            dstArray: core::ptr::null_mut(),
+            reserved1: core::ptr::null_mut(),
+            dstPitch: 0,
+            dstHeight: 0,
+            WidthInBytes: 0,
+            Height: 0,
+            Depth: 0,
+        }
+    }
+}

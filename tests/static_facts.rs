@@ -331,6 +331,12 @@ assert_impl_all!(cuda_vmm::stream::ScopedGraph<'static>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::ScopedGraph<'static>: Clone, Copy);
 assert_impl_all!(cuda_vmm::stream::ScopedRebind<'static>: Send, Sync);
 assert_not_impl_any!(cuda_vmm::stream::ScopedRebind<'static>: Clone, Copy);
+// A graph table owns its device array, staging ring and events; one scoped graph holds it for a
+// scope. Its kernel argument exists only inside the capture's closure, borrowed: no `Clone`, so no
+// copy of it outlives the borrow.
+assert_impl_all!(cuda_vmm::stream::GraphTable<u32>: Send, Sync);
+assert_not_impl_any!(cuda_vmm::stream::GraphTable<u32>: Clone, Copy);
+assert_not_impl_any!(cuda_vmm::stream::TableArg: Clone, Copy);
 
 // NCCL (feature `nccl`): a communicator stays on the thread that made it, and so do its
 // registrations and windows (NCCL does not allow one communicator to be used from two threads at

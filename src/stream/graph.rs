@@ -34,7 +34,7 @@ use std::sync::PoisonError;
 use bytemuck::Pod;
 
 use crate::device::{Context, Device};
-use crate::error::{DriverResult, Error, check};
+use crate::error::{Error, check};
 use crate::module::Function;
 use crate::sys;
 use crate::wait;
@@ -48,13 +48,18 @@ use super::lend::{
 use super::queue::{self, Queue};
 use super::scope::ScopedStream;
 
+mod driver;
 mod park;
 mod scoped;
+mod table;
+
+use driver::{EndOnUnwind, capture_id, destroy_graph, end_capture, last_node};
 
 pub(crate) use park::Covers;
 pub use park::{NotRebound, ParkedGraph, Rebind};
 pub(crate) use scoped::{Claim, Lender};
 pub use scoped::{ScopedGraph, ScopedRebind};
+pub use table::{GraphTable, TableArg};
 
 /// Work captured from typed operations and instantiated, replayed by
 /// [`ScopedStream::launch_graph`]: `cuStreamBeginCapture` (in `THREAD_LOCAL` mode),
@@ -159,6 +164,9 @@ struct Instance {
     /// The bytes the graph's copies and memsets touch, and those of kernel launches that were
     /// refused or whose node was not found (the kernels keep their own).
     touches: Vec<Touch>,
+    /// The upload of a [`GraphTable`], the graph's first node, where it has one: replayed only by
+    /// [`ScopedStream::launch_scoped_graph`], which sets the node's source first.
+    table: Option<TableNode>,
     /// Held across each `cuGraphLaunch`: the driver's graph objects are not internally
     /// synchronized, so replays from two threads are queued one at a time.
     launches: std::sync::Mutex<()>,
@@ -185,6 +193,14 @@ struct Kernel {
     module: u64,
     /// The bytes of its view arguments (the kernel touches only those: the launch's contract).
     touches: Vec<Touch>,
+}
+
+/// The upload of a [`GraphTable`] in a graph: its memcpy node, the table's id and the node's
+/// operands as captured, whose source each replay changes (`table.rs`).
+struct TableNode {
+    node: sys::CUgraphNode,
+    table: u64,
+    params: sys::CUDA_MEMCPY3D,
 }
 
 /// A kernel launch captured into a [`Graph`], whose arguments [`Graph::set_kernel_args`] changes.
@@ -251,6 +267,15 @@ impl<'g> Graph<'g> {
     where
         F: FnOnce(&Capture<'_, 'g>) -> Result<(), Error>,
     {
+        Graph::capture_with(stream, |c| f(c).map(|()| None))
+    }
+
+    /// As [`capture`](Graph::capture), where `f` may queue a [`GraphTable`]'s upload first and
+    /// returns its node.
+    fn capture_with<F>(stream: &mut Stream, f: F) -> Result<Graph<'g>, Error>
+    where
+        F: FnOnce(&Capture<'_, 'g>) -> Result<Option<TableNode>, Error>,
+    {
         // Held exclusively for the whole capture: no scope, on any thread, can queue work on the
         // stream between its capture check and its enqueue while this capture records (the work
         // would be recorded into this graph, not run, and the driver's graph would be written by
@@ -291,8 +316,8 @@ impl<'g> Graph<'g> {
             f(&capture)
         };
         core::mem::forget(unwinding);
-        let graph = match (end_capture(stream), result) {
-            (Ok(graph), Ok(())) => graph,
+        let (graph, table) = match (end_capture(stream), result) {
+            (Ok(graph), Ok(table)) => (graph, table),
             (Ok(graph), Err(error)) => {
                 destroy_graph(graph);
                 return Err(error);
@@ -316,6 +341,7 @@ impl<'g> Graph<'g> {
                 id,
                 kernels: capture.kernels.into_inner(),
                 touches,
+                table,
                 launches: std::sync::Mutex::new(()),
             },
             _borrows: PhantomData,
@@ -595,8 +621,9 @@ impl<'scope> ScopedStream<'scope> {
     /// waits for the replay before it returns.
     ///
     /// # Errors
-    /// [`Error::DeviceMismatch`] for a graph of another device (before any driver call);
-    /// [`Error::StreamCapturing`] where this stream is capturing; the driver's error otherwise.
+    /// [`Error::DeviceMismatch`] for a graph of another device and [`Error::StreamRefused`] for a
+    /// graph that uploads a [`GraphTable`] (before any driver call); [`Error::StreamCapturing`]
+    /// where this stream is capturing; the driver's error otherwise.
     #[doc(alias = "cuGraphLaunch")]
     pub fn launch_graph(&self, graph: &'scope Graph<'_>) -> Result<(), Error> {
         if graph.device() != self.device() {
@@ -605,96 +632,16 @@ impl<'scope> ScopedStream<'scope> {
                 found: graph.device().as_raw(),
             });
         }
+        if graph.inner.table.is_some() {
+            return Err(Error::StreamRefused {
+                why: "a graph that uploads a graph table is replayed only in a scope, by \
+                      `launch_scoped_graph`, which sets the table's entries from lent views first",
+            });
+        }
         self.admit()?;
         // SAFETY: the graph's context is this stream's (the device is checked, `admit` bound it).
         // Its work uses only what the graph borrows for `'g`, which outlives the scope that borrows
         // the graph for the replay and waits for its stream.
         unsafe { graph.inner.launch(self.as_raw()) }
-    }
-}
-
-/// Ends the capture on its stream and destroys its graph when dropped: while a panic of the
-/// capturing closure unwinds.
-struct EndOnUnwind<'s>(&'s Stream);
-
-impl Drop for EndOnUnwind<'_> {
-    fn drop(&mut self) {
-        if let Ok(graph) = end_capture(self.0) {
-            destroy_graph(graph);
-        }
-    }
-}
-
-/// `cuStreamGetCaptureInfo` — the id of the capture under way on `stream` (its context current).
-fn capture_id(stream: &Stream) -> Result<u64, Error> {
-    let (mut status, mut id) = (0u32, 0u64);
-    // SAFETY: a live stream of the current context; `status` and `id` are written, the optional
-    // outputs are null.
-    check(unsafe {
-        sys::cuStreamGetCaptureInfo_v2(
-            stream.as_raw(),
-            &raw mut status,
-            &raw mut id,
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-        )
-    })?;
-    if status == sys::CU_STREAM_CAPTURE_STATUS_ACTIVE {
-        Ok(id)
-    } else {
-        Err(Error::StreamCapturing {
-            what: "the capture was invalidated by a call it refused",
-        })
-    }
-}
-
-/// The node the capture on `stream` added last: the one node the stream's next work depends on.
-fn last_node(stream: &Stream) -> Result<sys::CUgraphNode, Error> {
-    let mut status = 0u32;
-    let mut nodes: *const sys::CUgraphNode = ptr::null();
-    let mut count = 0usize;
-    // SAFETY: a live stream of the current context (the operation just bound it); `nodes` is set to
-    // the driver's array of `count` nodes, read below before any other call on the stream.
-    check(unsafe {
-        sys::cuStreamGetCaptureInfo_v2(
-            stream.as_raw(),
-            &raw mut status,
-            ptr::null_mut(),
-            ptr::null_mut(),
-            &raw mut nodes,
-            &raw mut count,
-        )
-    })?;
-    if status != sys::CU_STREAM_CAPTURE_STATUS_ACTIVE || count != 1 || nodes.is_null() {
-        return Err(Error::StreamCapturing {
-            what: "the capture's last node is not one kernel launch",
-        });
-    }
-    // SAFETY: `nodes` points at `count` (one) nodes, valid until the next call on the stream.
-    Ok(unsafe { *nodes })
-}
-
-/// `cuStreamEndCapture` of the capture under way on `stream`: its graph.
-fn end_capture(stream: &Stream) -> DriverResult<sys::CUgraph> {
-    let mut graph: sys::CUgraph = ptr::null_mut();
-    // SAFETY: a live stream of the current context, capturing (begun by `Graph::capture`); `graph`
-    // is written.
-    let ended = check(unsafe { sys::cuStreamEndCapture(stream.as_raw(), &raw mut graph) });
-    if let Err(error) = ended {
-        // An invalidated capture may still hand back a graph to destroy.
-        destroy_graph(graph);
-        return Err(error);
-    }
-    Ok(graph)
-}
-
-/// `cuGraphDestroy`, of a graph owned by the caller (null: nothing).
-fn destroy_graph(graph: sys::CUgraph) {
-    if !graph.is_null() {
-        // SAFETY: a graph this module made and owns, destroyed once; its instantiation (if any) was
-        // destroyed before or never made. The error is ignored: a graph the driver refuses to
-        // destroy is leaked, which touches no memory.
-        let _ = unsafe { sys::cuGraphDestroy(graph) };
     }
 }

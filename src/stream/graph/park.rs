@@ -161,6 +161,8 @@ pub(super) struct Gifts<'g> {
     given: Vec<Given<'g>>,
     /// The ids of the modules given.
     modules: Vec<u64>,
+    /// The id of the [`GraphTable`](super::GraphTable) given, for a graph that uploads one.
+    pub(super) table: Option<u64>,
     /// Everything given is borrowed for `'g`: invariant, as [`Graph`]. No effect on auto traits.
     _borrows: PhantomData<&'g mut &'g ()>,
 }
@@ -170,6 +172,7 @@ impl Default for Gifts<'_> {
         Gifts {
             given: Vec::new(),
             modules: Vec::new(),
+            table: None,
             _borrows: PhantomData,
         }
     }
@@ -384,6 +387,14 @@ impl<'g> Gifts<'g> {
             return Err(Error::InvalidArgument {
                 what: "a parked graph rebound without the module of one of its kernels \
                        (Rebind::module)",
+            });
+        }
+        if let Some(table) = &inner.table
+            && self.table != Some(table.table)
+        {
+            return Err(Error::InvalidArgument {
+                what: "a graph that uploads a graph table is bound only in a scope, with its table \
+                       (ScopedRebind::table)",
             });
         }
         let device = inner.context.device();

@@ -19,6 +19,7 @@ use super::super::queue::Queue;
 use super::super::scope::ScopedStream;
 use super::Touch;
 use super::park::{Gifts, ParkedGraph};
+use super::table::Bound;
 
 /// A buffer lent to a scope, whose page table claims ranges for a [`ScopedGraph`] and admits them
 /// at each replay. The owned layer implements it; this layer never names the buffer.
@@ -53,8 +54,10 @@ pub(crate) struct Lender<'scope> {
 /// Invariant.
 pub struct ScopedRebind<'scope> {
     graph: &'scope ParkedGraph,
-    gifts: Gifts<'scope>,
+    pub(super) gifts: Gifts<'scope>,
     lenders: Vec<Lender<'scope>>,
+    /// The graph table given ([`ScopedRebind::table`]), for a graph that uploads one.
+    pub(super) table: Option<Bound<'scope>>,
 }
 
 impl fmt::Debug for ScopedRebind<'_> {
@@ -141,6 +144,8 @@ pub struct ScopedGraph<'scope> {
     graph: &'scope ParkedGraph,
     /// Per scoped buffer: where its lends come from, and the ranges claimed.
     lends: Vec<(Origin<'scope>, Ranges)>,
+    /// The graph table the graph uploads, with the entries of the next replay.
+    pub(super) table: Option<Bound<'scope>>,
     /// Invariant in `'scope`, as a scope's handles are. No effect on auto traits.
     _scope: PhantomData<&'scope mut &'scope ()>,
 }
@@ -167,6 +172,7 @@ impl ParkedGraph {
             graph: self,
             gifts: Gifts::default(),
             lenders: Vec::new(),
+            table: None,
         }
     }
 }
@@ -251,6 +257,13 @@ impl<'scope> ScopedRebind<'scope> {
     pub fn finish(self) -> Result<ScopedGraph<'scope>, Error> {
         let inner = &self.graph.inner;
         self.gifts.check(inner)?;
+        if let Some(bound) = &self.table
+            && inner.table.as_ref().map(|t| t.table) != Some(bound.id())
+        {
+            return Err(Error::InvalidArgument {
+                what: "a graph table given to a graph that does not upload it",
+            });
+        }
         let mut lends = Vec::with_capacity(self.lenders.len());
         for lender in &self.lenders {
             let ranges = claimed_ranges(inner.touches(), lender.start, lender.end);
@@ -268,6 +281,7 @@ impl<'scope> ScopedRebind<'scope> {
         Ok(ScopedGraph {
             graph: self.graph,
             lends,
+            table: self.table,
             _scope: PhantomData,
         })
     }
@@ -317,6 +331,9 @@ impl<'scope> ScopedStream<'scope> {
             });
         }
         let stream = self.id();
+        if let Some(table) = &graph.table {
+            table.check_stream(stream)?;
+        }
         // Each admission is counted until the replay is queued (dropped below), or given up.
         let mut counted = sealed::Counted(None, Vec::new());
         for (origin, ranges) in &graph.lends {
@@ -329,6 +346,9 @@ impl<'scope> ScopedStream<'scope> {
                 counted.1.push((origin.pages, slot));
             }
         }
+        if let Some(table) = &graph.table {
+            table.admit(stream, &mut counted)?;
+        }
         Queue::admit(self)?;
         // SAFETY: the parked graph's instantiation, of this stream's device (checked above), whose
         // context is current (`Queue::admit` bound it). Its work touches only (a) the
@@ -339,7 +359,14 @@ impl<'scope> ScopedStream<'scope> {
         // counted until this call has queued the replay, so a retire of them waits for it and
         // records its events on this stream (a stream of their scope, checked) after it. The
         // instantiation is borrowed for `'scope` too, so it is destroyed only after the wait.
-        let launched = unsafe { graph.graph.inner.launch(self.as_raw()) };
+        // With a graph table (c), the entries its upload writes are admitted and counted as (b),
+        // and the staging buffer it reads is written only once no queued replay reads it.
+        let launched = match &mut graph.table {
+            // SAFETY: as above; the table's entries were admitted for this replay, on its stream.
+            Some(table) => unsafe { table.launch(&graph.graph.inner) },
+            // SAFETY: as above.
+            None => unsafe { graph.graph.inner.launch(self.as_raw()) },
+        };
         drop(counted);
         launched
     }
