@@ -101,6 +101,11 @@
 //! parked graph over a buffer lent to a scope is bound to that scope instead ([`ScopedGraph`]):
 //! the ranges it touches there are claimed for the scope and admitted at every replay
 //! ([`ScopedStream::launch_scoped_graph`]), so a retire orders its release after the replays.
+//! A graph whose kernels reach pages through a block table is captured with a [`GraphTable`]
+//! ([`Graph::capture_with_table`]): the table's upload is the graph's first node, its entries are
+//! set between replays from the scope's lends ([`ScopedGraph::set_read`],
+//! [`ScopedGraph::set_write`]), and each entry is admitted and counted at every replay, so pages
+//! map and retire under one graph replayed every step, with no re-capture and no host wait.
 //!
 //! # The files
 //! By concept, lowest first, none naming a higher one (`tests/layers.rs` checks it): this file
@@ -108,7 +113,8 @@
 //! traits, and what a queued write hands back); `scope.rs` (the scope and its registry of
 //! streams); `rewritable.rs`; `launch.rs` and `queue.rs` (what is queued: kernel arguments, and
 //! the operations of a scoped stream and of a capture); `graph.rs`, `graph/park.rs` and
-//! `graph/scoped.rs`.
+//! `graph/scoped.rs`, `graph/table.rs` (the graph's block table), `graph/driver.rs` (its driver
+//! calls).
 
 use core::ffi::c_void;
 use core::fmt;

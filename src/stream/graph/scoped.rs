@@ -93,6 +93,13 @@ impl fmt::Debug for ScopedRebind<'_> {
 ///   ([`Error::StreamRefused`]). Each admission is counted until `cuGraphLaunch` has queued the
 ///   replay, so a retire that runs meanwhile waits for it, then records its events on every stream
 ///   of the scope, after the replay.
+/// - **A block table, set between replays.** A graph captured with a [`GraphTable`](super::GraphTable)
+///   ([`Graph::capture_with_table`](super::Graph::capture_with_table)) reaches pages through the
+///   addresses its first node uploads. Its entries are set from the scope's lends
+///   ([`set_read`](ScopedGraph::set_read), [`set_write`](ScopedGraph::set_write),
+///   [`clear_entry`](ScopedGraph::clear_entry)), each checked as a lend is, and every entry is
+///   admitted and counted at every replay, as a claimed range is: a page the table names is
+///   released only after the replays that read it.
 ///
 /// Why no replay reaches a released page: a page is released only once every event of its retire
 /// has completed; the retire marks the page under the buffer's lock (every later admission of its
