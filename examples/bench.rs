@@ -286,6 +286,13 @@ fn run() -> BenchResult<()> {
         shareable_rows(ctx, g, &mut rows, &mut not_run)?;
         return report(&device.name()?, devices.len(), &rows, &not_run);
     }
+    // The graph rows alone (`bench graph`): the decode engine as one graph over an elastic cache
+    // against the same engine over a preallocated one, and the graph replays.
+    if std::env::args().nth(1).as_deref() == Some("graph") {
+        graph_decode_row(ctx, g, &mut rows)?;
+        graph_rows(ctx, &mut rows)?;
+        return report(&device.name()?, devices.len(), &rows, &[]);
+    }
     // Where the host's time goes in the host-bound elastic decode loop (`bench parts`): a report,
     // no goal.
     if std::env::args().nth(1).as_deref() == Some("parts") {
