@@ -278,46 +278,10 @@ fn run() -> BenchResult<()> {
     );
     let g = allocation_granularity(device, Granularity::Minimum)?;
     let mut rows = Vec::new();
-    if std::env::args().nth(1).as_deref() == Some("motion") {
-        motion_rows(ctx, g, &mut rows)?;
-        graph_decode_row(ctx, g, &mut rows)?;
-        graph_rows(ctx, &mut rows)?;
-        let mut not_run = Vec::new();
-        shareable_rows(ctx, g, &mut rows, &mut not_run)?;
-        return report(&device.name()?, devices.len(), &rows, &not_run);
-    }
-    // The graph rows alone (`bench graph`): the decode engine as one graph over an elastic cache
-    // against the same engine over a preallocated one, and the graph replays.
-    if std::env::args().nth(1).as_deref() == Some("graph") {
-        graph_decode_row(ctx, g, &mut rows)?;
-        graph_rows(ctx, &mut rows)?;
-        return report(&device.name()?, devices.len(), &rows, &[]);
-    }
-    // Where the host's time goes in the host-bound elastic decode loop (`bench parts`): a report,
-    // no goal.
-    if std::env::args().nth(1).as_deref() == Some("parts") {
-        return elastic_parts(ctx, g);
-    }
-    // The rows of the paths that other code can queue work beside (`bench seams`): the scope
-    // around a small copy, the graph replays, cudarc's scope and NCCL's.
-    if std::env::args().nth(1).as_deref() == Some("seams") {
-        // Only the cudarc and NCCL rows push to it.
-        #[cfg_attr(not(feature = "cudarc"), allow(unused_mut))]
-        let mut not_run = Vec::new();
-        stream_rows(ctx, 256usize << 20, &mut rows)?;
-        graph_rows(ctx, &mut rows)?;
-        #[cfg(feature = "cudarc")]
-        cudarc_rows(ctx, &mut rows, &mut not_run)?;
-        #[cfg(feature = "nccl")]
-        nccl_rows(ctx, &mut rows, &mut not_run)?;
-        return report(&device.name()?, devices.len(), &rows, &not_run);
-    }
-    #[cfg(feature = "nccl")]
-    if std::env::args().nth(1).as_deref() == Some("nccl") {
-        let mut not_run = Vec::new();
-        nccl_rows(ctx, &mut rows, &mut not_run)?;
-        nccl_two_rank_rows(&contexts, &mut rows, &mut not_run)?;
-        return report(&device.name()?, devices.len(), &rows, &not_run);
+    if let Some(mode) = std::env::args().nth(1)
+        && run_mode(&mode, &contexts, g)?
+    {
+        return Ok(());
     }
 
     for (label, size, reps) in [("2 MiB", 2usize << 20, 2000), ("1 GiB", 1usize << 30, 300)] {
@@ -372,6 +336,61 @@ fn run() -> BenchResult<()> {
     nccl_two_rank_rows(&contexts, &mut rows, &mut not_run)?;
 
     report(&device.name()?, devices.len(), &rows, &not_run)
+}
+
+/// The modes that run a few rows (`bench motion`, `graph`, `parts`, `seams`, `nccl`): whether
+/// `mode` named one (and it ran), else the whole bench runs.
+fn run_mode(mode: &str, contexts: &[Context], g: usize) -> BenchResult<bool> {
+    let ctx = contexts.first().ok_or("no device")?;
+    let device = ctx.device();
+    let mut rows = Vec::new();
+    if mode == "motion" {
+        motion_rows(ctx, g, &mut rows)?;
+        graph_decode_row(ctx, g, &mut rows)?;
+        graph_rows(ctx, &mut rows)?;
+        let mut not_run = Vec::new();
+        shareable_rows(ctx, g, &mut rows, &mut not_run)?;
+        report(&device.name()?, contexts.len(), &rows, &not_run)?;
+        return Ok(true);
+    }
+    // The graph rows alone (`bench graph`): the decode engine as one graph over an elastic cache
+    // against the same engine over a preallocated one, and the graph replays.
+    if mode == "graph" {
+        graph_decode_row(ctx, g, &mut rows)?;
+        graph_rows(ctx, &mut rows)?;
+        report(&device.name()?, contexts.len(), &rows, &[])?;
+        return Ok(true);
+    }
+    // Where the host's time goes in the host-bound elastic decode loop (`bench parts`): a report,
+    // no goal.
+    if mode == "parts" {
+        elastic_parts(ctx, g)?;
+        return Ok(true);
+    }
+    // The rows of the paths that other code can queue work beside (`bench seams`): the scope
+    // around a small copy, the graph replays, cudarc's scope and NCCL's.
+    if mode == "seams" {
+        // Only the cudarc and NCCL rows push to it.
+        #[cfg_attr(not(feature = "cudarc"), allow(unused_mut))]
+        let mut not_run = Vec::new();
+        stream_rows(ctx, 256usize << 20, &mut rows)?;
+        graph_rows(ctx, &mut rows)?;
+        #[cfg(feature = "cudarc")]
+        cudarc_rows(ctx, &mut rows, &mut not_run)?;
+        #[cfg(feature = "nccl")]
+        nccl_rows(ctx, &mut rows, &mut not_run)?;
+        report(&device.name()?, contexts.len(), &rows, &not_run)?;
+        return Ok(true);
+    }
+    #[cfg(feature = "nccl")]
+    if mode == "nccl" {
+        let mut not_run = Vec::new();
+        nccl_rows(ctx, &mut rows, &mut not_run)?;
+        nccl_two_rank_rows(contexts, &mut rows, &mut not_run)?;
+        report(&device.name()?, contexts.len(), &rows, &not_run)?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Prints the table (and the rows that could not run) and writes the JSON.
