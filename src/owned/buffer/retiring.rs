@@ -143,7 +143,9 @@ impl Retires {
         let mut running: Vec<StreamId> = Vec::new();
         let mut index = 0usize;
         while let Some(retire) = self.waiting.get(index) {
-            let done = all_complete(retire, &mut running);
+            let done = all_complete(&retire.events, &retire.streams, &mut running, |event| {
+                event.is_complete().unwrap_or(false)
+            });
             if !done {
                 index = index.saturating_add(1);
                 continue;
@@ -186,17 +188,24 @@ impl Retires {
     }
 }
 
-/// `cuEventQuery` — whether every event of `retire` has completed, querying none recorded on a
-/// stream of `running` (the streams seen running in this pass: not complete, without a query), and
-/// adding the stream of the first event seen incomplete to `running`. A failed query counts as
-/// incomplete.
-fn all_complete(retire: &Retiring, running: &mut Vec<StreamId>) -> bool {
-    for (index, event) in retire.events.iter().enumerate() {
-        let stream = retire.streams.get(index).copied();
+/// Whether every event of a retire (`events`, recorded on `streams` in the same order, or on
+/// streams not known where `streams` is shorter) has completed, by `complete` (`cuEventQuery`;
+/// a failed query counts as incomplete): none recorded on a stream of `running` (the streams
+/// seen running in this pass: not complete, without a query) is queried, and the stream of the
+/// first event seen incomplete is added to `running`. Generic over the event so that the skipping
+/// is unit-tested without a device.
+fn all_complete<E>(
+    events: &[E],
+    streams: &[StreamId],
+    running: &mut Vec<StreamId>,
+    mut complete: impl FnMut(&E) -> bool,
+) -> bool {
+    for (index, event) in events.iter().enumerate() {
+        let stream = streams.get(index).copied();
         if stream.is_some_and(|stream| running.contains(&stream)) {
             return false;
         }
-        if !event.is_complete().unwrap_or(false) {
+        if !complete(event) {
             if let Some(stream) = stream {
                 running.push(stream);
             }
@@ -204,4 +213,83 @@ fn all_complete(retire: &Retiring, running: &mut Vec<StreamId>) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::cell::Cell;
+
+    fn stream(n: usize) -> StreamId {
+        StreamId::new(core::ptr::null_mut(), core::ptr::without_provenance_mut(n))
+    }
+
+    /// A retire's events as (name, complete), and their streams.
+    type Fake<'a> = (&'a [(u32, bool)], &'a [StreamId]);
+
+    /// One pass over `retires`: whether each is done, and the names queried, in order.
+    fn pass(retires: &[Fake<'_>]) -> (Vec<bool>, Vec<u32>) {
+        let queried = core::cell::RefCell::new(Vec::new());
+        let mut running = Vec::new();
+        let done = retires
+            .iter()
+            .map(|(events, streams)| {
+                all_complete(events, streams, &mut running, |&(name, complete)| {
+                    queried.borrow_mut().push(name);
+                    complete
+                })
+            })
+            .collect();
+        (done, queried.into_inner())
+    }
+
+    #[test]
+    fn a_stream_seen_running_is_not_queried_again_in_the_pass() {
+        let (a, b) = (stream(1), stream(2));
+        // Retire 1 finished on a; retire 2 still runs on a; retire 3 on a is later: not queried.
+        let (done, queried) = pass(&[
+            (&[(1, true)], &[a]),
+            (&[(2, false)], &[a]),
+            (&[(3, true)], &[a]),
+        ]);
+        assert_eq!(done, [true, false, false]);
+        assert_eq!(queried, [1, 2]);
+        // Another stream is still queried: its events are not ordered after a's.
+        let (done, queried) = pass(&[(&[(1, false)], &[a]), (&[(2, true)], &[b])]);
+        assert_eq!(done, [false, true]);
+        assert_eq!(queried, [1, 2]);
+    }
+
+    #[test]
+    fn a_retire_over_two_streams_waits_for_both_and_stops_at_the_first_running() {
+        let (a, b) = (stream(1), stream(2));
+        let (done, queried) = pass(&[
+            (&[(1, true), (2, false)], &[a, b]),
+            // a is not known running (its event completed): queried; b is: this retire waits.
+            (&[(3, true), (4, true)], &[a, b]),
+            (&[(5, true)], &[a]),
+        ]);
+        assert_eq!(done, [false, false, true]);
+        assert_eq!(queried, [1, 2, 3, 5]);
+    }
+
+    #[test]
+    fn events_of_streams_not_known_are_each_queried() {
+        let a = stream(1);
+        // A retire kept for host memory (`keep_until`) names no stream: an incomplete event of it
+        // marks no stream running, and a later retire on `a` is still queried.
+        let (done, queried) = pass(&[(&[(1, false)], &[]), (&[(2, true)], &[a])]);
+        assert_eq!(done, [false, true]);
+        assert_eq!(queried, [1, 2]);
+        // A skip never takes a retire: with every event incomplete, none is done.
+        let calls = Cell::new(0);
+        let mut running = Vec::new();
+        for _ in 0..3 {
+            assert!(!all_complete(&[(); 2], &[a, a], &mut running, |()| {
+                calls.set(calls.get() + 1);
+                false
+            }));
+        }
+        assert_eq!(calls.get(), 1);
+    }
 }
