@@ -14,7 +14,7 @@ mod common;
 
 use std::ffi::CString;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{gpu_or_skip, pattern};
 use cuda_vmm::stream::{Graph, GraphTable, ParkedGraph};
@@ -174,6 +174,10 @@ fn a_graph_is_replayed_every_step_while_the_cache_grows() {
 /// queued: the retire returns at once, the page stays mapped (free memory unchanged) until the
 /// replay has completed, and is released then. A replay after the retire, with the entry still
 /// set, is refused naming the page; once the entry is cleared the graph replays again.
+///
+/// What this shows is the release after a replay queued before the retire, and the refusal after
+/// it; not the counting of an admission in progress while a retire runs (a retire from another
+/// thread during `launch_scoped_graph`), which the 16-thread test exercises without proving.
 #[test]
 fn a_table_page_retired_under_a_queued_replay_is_released_after_it() {
     let _serial = serial();
@@ -205,24 +209,47 @@ fn a_table_page_retired_under_a_queued_replay_is_released_after_it() {
         w.copy_from_host(&mut fresh, &input)?;
         graph.set_read(HISTORY, kv.read_back::<u32>(block(page, 0), w)?)?;
         graph.set_write(OUT, kv.write::<u32>(block(0, 0))?)?;
+        // The replay spins SPIN once it starts, which is after `queued`: until then it cannot have
+        // completed. A host descheduled past SPIN makes the checks of "still running" prove
+        // nothing, and they are then skipped, saying so (the release checks below still run).
+        let queued = Instant::now();
         w.launch_scoped_graph(&mut graph)?;
         w.record(&done)?;
         assert_eq!(kv.retire(g..2 * g)?, 1, "the page the replay reads");
-        assert!(!done.is_complete()?, "the retire waited for the replay");
+        let running = !done.is_complete()?;
+        let in_window = queued.elapsed() < SPIN;
+        assert!(running || !in_window, "the retire waited for the replay");
         let free_retired = free_memory(&ctx);
-        assert_eq!(kv.reclaim()?, 0, "released while the replay runs");
-        assert_eq!(
-            free_memory(&ctx),
-            free_retired,
-            "memory moved under the replay"
+        let reclaimed = kv.reclaim()?;
+        assert!(
+            reclaimed == 0 || queued.elapsed() >= SPIN,
+            "released while the replay runs"
         );
+        if reclaimed == 0 {
+            assert_eq!(
+                free_memory(&ctx),
+                free_retired,
+                "memory moved under the replay"
+            );
+        }
         assert!(
             names_page(&w.launch_scoped_graph(&mut graph), g, g),
             "a replay whose table still names the retired page"
         );
-        assert!(!done.is_complete()?, "the refusal waited for nothing");
-        done.synchronize()?; // the test's own wait, standing in for time passing
-        assert_eq!(kv.reclaim()?, 1);
+        let still = !done.is_complete()?;
+        assert!(
+            still || queued.elapsed() >= SPIN,
+            "the refusal waited for nothing"
+        );
+        if queued.elapsed() >= SPIN {
+            eprintln!(
+                "the host was descheduled past the replay's {SPIN:?}: \"still running\" not checked"
+            );
+        }
+        // The test's own wait, standing in for time passing: the stream's, since the retire's
+        // event on `work` was recorded after `done`.
+        work.synchronize()?;
+        assert_eq!(reclaimed + kv.reclaim()?, 1);
         assert_eq!(
             free_memory(&ctx),
             free_retired + g,
@@ -316,13 +343,19 @@ fn every_graph_table_rule_refuses_before_any_driver_call() {
         ));
         graph.set_read(HISTORY, kv.read::<u32>(block(0, 3))?)?;
         // Two replays of 300 ms queued: the third would write the staging buffer the first reads.
+        // The first cannot have completed less than SPIN after it was queued.
+        let queued = Instant::now();
         w.launch_scoped_graph(&mut graph)?;
         w.record(&done)?;
         w.launch_scoped_graph(&mut graph)?;
-        assert!(matches!(
-            w.launch_scoped_graph(&mut graph),
-            Err(Error::StreamRefused { .. })
-        ));
+        let third = w.launch_scoped_graph(&mut graph);
+        if queued.elapsed() < SPIN {
+            assert!(matches!(third, Err(Error::StreamRefused { .. })));
+        } else {
+            eprintln!(
+                "the host was descheduled past the replay's {SPIN:?}: the depth's refusal not checked"
+            );
+        }
         done.synchronize()?;
         w.launch_scoped_graph(&mut graph)?; // the first replay's buffer is free again
         Ok(())
