@@ -177,8 +177,10 @@ struct Instance {
 // memory it borrows. The kernels' handles are names the driver resolves, read only through `&mut`
 // (a new set of arguments) or copied.
 unsafe impl Send for Instance {}
-// SAFETY: `&Instance` gives only replays (`cuGraphLaunch`, one thread at a time under `launches`,
-// which the driver orders behind the graph's earlier launches) and reads of its fields.
+// SAFETY: `&Instance` gives only replays (`cuGraphLaunch`, and for a graph with a table the
+// `cuGraphExecMemcpyNodeSetParams` before it, both one thread at a time under `launches`; the
+// driver orders a launch behind the graph's earlier ones, and a change of parameters affects only
+// launches after it) and reads of its fields.
 unsafe impl Sync for Instance {}
 
 /// One captured kernel launch: its node, what a new set of arguments keeps, and what a rebind

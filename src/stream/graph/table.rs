@@ -308,6 +308,10 @@ impl<'g> Graph<'g> {
             });
         }
         let inner = &table.inner;
+        // What the upload node must be: checked once it is captured, since the replays' source
+        // change (`launch_scoped_graph`) rests on it.
+        let table_ptr = inner.device.as_slice().as_raw_ptr();
+        let table_bytes = inner.device.len().saturating_mul(size_of::<u64>());
         let mut graph = Graph::capture_with(stream, |c| {
             Queue::admit(c)?;
             let (staging, _) = inner.staging.first().ok_or(Error::ZeroSize {
@@ -342,8 +346,35 @@ impl<'g> Graph<'g> {
             // SAFETY: `node` is a memcpy node of the graph just captured (owned by `graph`, dropped
             // on an error here), in the current context; `params` is written.
             check(unsafe { sys::cuGraphMemcpyNodeGetParams(node.node, &raw mut node.params) })?;
+            check_upload(&node.params, table_ptr, table_bytes)?;
         }
         Ok(graph)
+    }
+}
+
+/// `Ok` where `params`, read back from a captured upload node, are a one-dimensional copy of
+/// `bytes` bytes to the start of the device array at `table` (what each replay's change of source
+/// rests on: the same copy, from another buffer of the same size), else an error: the driver made
+/// the node otherwise than the copy queued, and the graph is not replayed.
+fn check_upload(params: &sys::CUDA_MEMCPY3D, table: u64, bytes: usize) -> Result<(), Error> {
+    let one_dimensional = params.Height <= 1
+        && params.Depth <= 1
+        && params.dstXInBytes == 0
+        && params.dstY == 0
+        && params.dstZ == 0
+        && params.srcY == 0
+        && params.srcZ == 0;
+    let into_table = matches!(
+        params.dstMemoryType,
+        sys::CU_MEMORYTYPE_DEVICE | sys::CU_MEMORYTYPE_UNIFIED
+    ) && params.dstDevice == table;
+    if one_dimensional && into_table && params.WidthInBytes == bytes {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            what: "a graph table's captured upload is not the one-dimensional copy of the table \
+                   into its device array that was queued",
+        })
     }
 }
 
@@ -587,6 +618,9 @@ impl<'scope> ScopedGraph<'scope> {
     ) -> Result<(), Error> {
         let device = self.device();
         let bound = self.entry_slot(index)?;
+        // Before the lend, as every refusal of a set: a write lend binds the handle to the table's
+        // stream and records that stream in the bytes' claim, which a refused block must not leave.
+        bound.check_len(block.len(), size_of::<T>())?;
         ScopedWrite::check_reach(&&mut block, device)?;
         let (view, origin, counted) =
             lend_mut(&mut block, Queue::token(&bound.stream))?.into_parts();
@@ -625,6 +659,19 @@ impl<'scope> ScopedGraph<'scope> {
 }
 
 impl<'scope> Bound<'scope> {
+    /// `Ok` where `len` values of `size` bytes are one block of the table, else
+    /// [`Error::LengthMismatch`] in bytes.
+    fn check_len(&self, len: usize, size: usize) -> Result<(), Error> {
+        if size != self.table.value_size || len != self.table.block_len {
+            let expected = self.table.block_len.saturating_mul(self.table.value_size);
+            return Err(Error::LengthMismatch {
+                expected,
+                found: len.saturating_mul(size),
+            });
+        }
+        Ok(())
+    }
+
     /// Sets entry `index` to `len` values of `size` bytes at `ptr`.
     fn set(
         &mut self,
@@ -635,13 +682,7 @@ impl<'scope> Bound<'scope> {
         origin: Option<Origin<'scope>>,
         written: bool,
     ) -> Result<(), Error> {
-        if size != self.table.value_size || len != self.table.block_len {
-            let expected = self.table.block_len.saturating_mul(self.table.value_size);
-            return Err(Error::LengthMismatch {
-                expected,
-                found: len.saturating_mul(size),
-            });
-        }
+        self.check_len(len, size)?;
         let bytes = len.saturating_mul(size);
         if let Some(entry) = self.entries.get_mut(index) {
             *entry = Some(Entry {
@@ -654,3 +695,6 @@ impl<'scope> Bound<'scope> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
