@@ -268,7 +268,7 @@ fn a_table_page_retired_under_a_queued_replay_is_released_after_it() {
     cache.free().unwrap();
 }
 
-/// Each new rule's refusal: an entry of another length, an index past the capacity, a retired
+/// Each new rule's refusal: an entry of another length (read, or written: refused before it is lent), an index past the capacity, a retired
 /// page, a replay on another stream than the table's, a graph with a table launched outside a
 /// scope, rebound without one, or bound in a scope without its table, and a replay `depth`
 /// replays ahead of the table's stream (whose staging buffer a queued replay still reads).
@@ -324,6 +324,12 @@ fn every_graph_table_rule_refuses_before_any_driver_call() {
             graph.set_read(HISTORY, kv.read::<u32>(0..LEN * 2)?),
             Err(Error::LengthMismatch { .. })
         ));
+        let half = block(0, 6).start..block(0, 6).start + LEN * 2;
+        assert!(matches!(
+            graph.set_write(OUT, kv.write::<u32>(half)?),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert_eq!(graph.table_entries(), 0, "a block of the wrong length set");
         assert!(matches!(
             graph.set_read(HISTORY + HIST, kv.read::<u32>(block(0, 1))?),
             Err(Error::OutOfBounds { .. })
