@@ -268,10 +268,11 @@ fn a_table_page_retired_under_a_queued_replay_is_released_after_it() {
     cache.free().unwrap();
 }
 
-/// Each new rule's refusal: an entry of another length (read, or written: refused before it is lent), an index past the capacity, a retired
-/// page, a replay on another stream than the table's, a graph with a table launched outside a
-/// scope, rebound without one, or bound in a scope without its table, and a replay `depth`
-/// replays ahead of the table's stream (whose staging buffer a queued replay still reads).
+/// Each new rule's refusal: an entry of another length (read, or written: refused before it is
+/// lent), an index past the capacity, a retired page, a replay on another stream than the table's,
+/// a graph with a table launched outside a scope, rebound without one, or bound in a scope without
+/// its table, and a replay `depth` replays ahead of the table's stream (whose staging buffer a
+/// queued replay still reads).
 #[test]
 fn every_graph_table_rule_refuses_before_any_driver_call() {
     let _serial = serial();
