@@ -60,7 +60,10 @@
 //! are mapped as they start and retired as they end, against the same engine over a preallocated
 //! cache (every lane mapped before the run, none retired), paired, only the scopes timed (goal <=
 //! 1.02). With the argument `motion` (`cargo run --release --example bench -- motion`), only these
-//! rows (and the graph rows) run.
+//! rows (and the graph rows) run; with `graph`, only the decode engine's row and the graph rows;
+//! with `parts`, where the host's time goes in the host-bound elastic decode loop (a report, no
+//! goal); with `seams`, the rows of the paths other code can queue beside (the scope, the graph
+//! replays, cudarc's and NCCL's scopes).
 //!
 //! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
 //! cudarc's builder) over 1 GiB of VMM memory lent inside `cuda_vmm::interop::cudarc::scope`, the
