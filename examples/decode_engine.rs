@@ -75,7 +75,7 @@ fn run() -> ExampleResult {
     }
     let (e, p) = (median(&mut elastic), median(&mut preallocated));
     println!(
-        "  per step: elastic {e:?}, preallocated {p:?}; paired ratio {:.4} (medians of {ROUNDS}, ABAB)",
+        "  per step: elastic {e:?}, preallocated {p:?}; ratio of the medians {:.4} ({ROUNDS} runs each, alternating; `bench graph` gives the paired ratio)",
         e.as_secs_f64() / p.as_secs_f64()
     );
     Ok(())
