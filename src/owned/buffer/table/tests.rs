@@ -285,6 +285,7 @@ fn a_hold_is_exclusive_named_when_shared_and_let_go_once() {
     assert_eq!(t.not_held(0, 12), Ok(()), "a refused hold holds nothing");
 }
 
+mod model;
 mod reserve;
 
 mod one_pass {

@@ -220,7 +220,7 @@ fn a_finished_retire_is_released_by_the_worker_through_releasing() {
 }
 
 /// Every page the reserve took in (made, or recycled in place) is taken, given back, or held.
-fn balanced(t: &Table<()>) -> bool {
+pub(super) fn balanced(t: &Table<()>) -> bool {
     let s = t.stats();
     s.reserve_created + s.reserve_recycled_in_place
         == s.reserve_taken + s.reserve_released + s.reserve_pages
