@@ -181,7 +181,10 @@ pub struct BufferStats {
     /// also counts in `pages_released`).
     pub released_in_background: u64,
     /// Retired pages the reserve's worker unmapped and mapped again into the reserve, their memory
-    /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created`. Memory
+    /// kept (no `cuMemRelease`, no `cuMemCreate`); each also counts in `reserve_created` once its
+    /// memory is mapped and granted again, and where the driver refuses that (a fill's `cuMemMap`
+    /// or `cuMemSetAccess`) the memory is released by the worker and the refusal counts in
+    /// `reserve_faults` instead: the page left the buffer as a recycled one either way. Memory
     /// made exportable (an [`ExportableBuffer`](super::ExportableBuffer)'s) or exported as a
     /// dma-buf is never kept: a process that imported it may still map it. Every page mapped is
     /// released or recycled in the end: `pages_mapped == pages_released + reserve_recycled +
