@@ -192,10 +192,14 @@ pub struct BufferStats {
     pub reserve_recycled: u64,
     /// Retired pages that became pages of the reserve where they were, still mapped and granted:
     /// no driver call at all (no `cuMemUnmap`, `cuMemMap` or `cuMemSetAccess`). A map of exactly
-    /// such a page's range then takes it (`reserve_taken`); a map that comes before the worker,
-    /// once the retire has finished, takes the page there itself, and counts in both. Only pages the reserve would make
-    /// (its size, device and options, owned by the buffer), granted to the current access set,
-    /// lying where the reserve fills next, and while it holds less than its bound.
+    /// such a page's range then takes it (`reserve_taken`). The worker recycles in place only
+    /// pages the reserve would make (its page size, device and options, owned by the buffer),
+    /// granted to the current access set, lying where the reserve fills next, and while it holds
+    /// less than its bound. A map that comes before the worker, once the retire has finished,
+    /// takes the page there itself, and counts in both: a page of the reserve's page size,
+    /// granted to the current access set, owned by the buffer and never exported, whose memory is
+    /// what the map asks for (its device and options), wherever it lies and whatever the reserve
+    /// holds, since it never enters the reserve.
     pub reserve_recycled_in_place: u64,
 }
 
