@@ -2651,6 +2651,11 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
     // [map, slots, launch, retire, scope end, whole run]
     let mut grow_t = [0f64; 6];
     let mut fixed_t = [0f64; 6];
+    // The launches by their step's place within a page (`step % DECODE_EVERY`; 0: the launch
+    // right after a map, before the retire): whether a loop's extra launch time follows the maps
+    // and retires or is spread evenly.
+    let mut growing_by_place = [0f64; DECODE_EVERY];
+    let mut prealloc_by_place = [0f64; DECODE_EVERY];
     let mut next = 0usize;
     let reps = 400usize;
     for rep in 0..(2 * reps) {
@@ -2682,14 +2687,22 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
                     t[1] += a.elapsed().as_secs_f64();
                     let a = Instant::now();
                     last = decode_step(w, &kernel, &mut tokens[0], last, 0)?;
-                    t[2] += a.elapsed().as_secs_f64();
+                    let took = a.elapsed().as_secs_f64();
+                    t[2] += took;
+                    if counting {
+                        growing_by_place[0] += took;
+                    }
                     let a = Instant::now();
                     kv.retire(old..old + g)?;
                     t[3] += a.elapsed().as_secs_f64();
                 } else {
                     let a = Instant::now();
                     last = decode_step(w, &kernel, &mut tokens[step % DECODE_EVERY], last, 0)?;
-                    t[2] += a.elapsed().as_secs_f64();
+                    let took = a.elapsed().as_secs_f64();
+                    t[2] += took;
+                    if counting && let Some(at) = growing_by_place.get_mut(step % DECODE_EVERY) {
+                        *at += took;
+                    }
                 }
             }
             let a = Instant::now();
@@ -2719,7 +2732,11 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
                 let slot = step % tokens.len();
                 let a = Instant::now();
                 last = decode_step(w, &kernel, &mut tokens[slot], last, 0)?;
-                t[2] += a.elapsed().as_secs_f64();
+                let took = a.elapsed().as_secs_f64();
+                t[2] += took;
+                if counting && let Some(at) = prealloc_by_place.get_mut(step % DECODE_EVERY) {
+                    *at += took;
+                }
             }
             inner_end = Instant::now();
             Ok(())
@@ -2755,6 +2772,18 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
         let (a, b) = (grow_t[i] * per, fixed_t[i] * per);
         println!("{name:>12} {a:>10.2} {b:>10.2} {:>10.2}", a - b);
     }
+    let places = |at: &[f64]| {
+        at.iter()
+            .map(|x| format!("{:.2}", x * per))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "launches by step within a page (us per run, step % {DECODE_EVERY} = 0..{DECODE_EVERY}; 0 \
+         follows a map): growing [{}], prealloc [{}]",
+        places(&growing_by_place),
+        places(&prealloc_by_place)
+    );
     let stats = growing.stats();
     println!("{stats:?}");
     growing.free()?;
@@ -3359,9 +3388,9 @@ fn raw_decode_row(
         }
         Ok(())
     };
-    let fixed_at = base + (pages * g) as u64;
+    let prealloc_by_place = base + (pages * g) as u64;
     ctx.bind_to_thread()?;
-    let fixed = [map(fixed_at)?, map(fixed_at + g as u64)?];
+    let fixed = [map(prealloc_by_place)?, map(prealloc_by_place + g as u64)?];
     let slots_fixed = 2 * g / DECODE_TOKEN;
     let growing = || -> BenchResult<f64> {
         ctx.bind_to_thread()?;
@@ -3410,10 +3439,10 @@ fn raw_decode_row(
     let preallocated = || -> BenchResult<f64> {
         ctx.bind_to_thread()?;
         let started = Instant::now();
-        let mut last = fixed_at;
+        let mut last = prealloc_by_place;
         for step in 1..DECODE_STEPS {
             pacer.before(step)?;
-            let dst = fixed_at + (step % slots_fixed) as u64 * token;
+            let dst = prealloc_by_place + (step % slots_fixed) as u64 * token;
             // SAFETY: `dst` and `last` are `n` values of the two pages mapped before the loop.
             unsafe { raw_kernel.launch(raw_stream, 1, (dst, last, n, SPIN_NS))? };
             pacer.record(stream, step)?;
@@ -3425,7 +3454,7 @@ fn raw_decode_row(
     };
     let (grow_t, prealloc_t, paired) = race_paired_parts(40, growing, preallocated)?;
     for (i, handle) in fixed.into_iter().enumerate() {
-        unmap(fixed_at + (i * g) as u64, handle)?;
+        unmap(prealloc_by_place + (i * g) as u64, handle)?;
     }
     for event in events {
         // SAFETY: an event created above, destroyed once; the stream was waited for.
