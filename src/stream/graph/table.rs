@@ -285,7 +285,9 @@ impl<'g> Graph<'g> {
     ///
     /// # Errors
     /// [`Error::DeviceMismatch`] for a table of another device than the stream's (before any
-    /// driver call); as [`capture`](Graph::capture) otherwise.
+    /// driver call); as [`capture`](Graph::capture) otherwise; [`Error::InvalidArgument`] where
+    /// the node the driver made of the upload is not the one-dimensional copy of the table into
+    /// its device array that was queued (no replay could then point it at another buffer).
     ///
     /// # Panics
     /// Resumes a panic of `f`, after ending the capture and destroying its graph.
@@ -308,8 +310,7 @@ impl<'g> Graph<'g> {
             });
         }
         let inner = &table.inner;
-        // What the upload node must be: checked once it is captured, since the replays' source
-        // change (`launch_scoped_graph`) rests on it.
+        // What the upload node must be (`check_upload`), which every replay's change rests on.
         let table_ptr = inner.device.as_slice().as_raw_ptr();
         let table_bytes = inner.device.len().saturating_mul(size_of::<u64>());
         let mut graph = Graph::capture_with(stream, |c| {
@@ -618,8 +619,7 @@ impl<'scope> ScopedGraph<'scope> {
     ) -> Result<(), Error> {
         let device = self.device();
         let bound = self.entry_slot(index)?;
-        // Before the lend, as every refusal of a set: a write lend binds the handle to the table's
-        // stream and records that stream in the bytes' claim, which a refused block must not leave.
+        // Before the lend, which binds the handle and records the table's stream in the claim.
         bound.check_len(block.len(), size_of::<T>())?;
         ScopedWrite::check_reach(&&mut block, device)?;
         let (view, origin, counted) =
