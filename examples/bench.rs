@@ -3388,9 +3388,9 @@ fn raw_decode_row(
         }
         Ok(())
     };
-    let prealloc_by_place = base + (pages * g) as u64;
+    let fixed_at = base + (pages * g) as u64;
     ctx.bind_to_thread()?;
-    let fixed = [map(prealloc_by_place)?, map(prealloc_by_place + g as u64)?];
+    let fixed = [map(fixed_at)?, map(fixed_at + g as u64)?];
     let slots_fixed = 2 * g / DECODE_TOKEN;
     let growing = || -> BenchResult<f64> {
         ctx.bind_to_thread()?;
@@ -3439,10 +3439,10 @@ fn raw_decode_row(
     let preallocated = || -> BenchResult<f64> {
         ctx.bind_to_thread()?;
         let started = Instant::now();
-        let mut last = prealloc_by_place;
+        let mut last = fixed_at;
         for step in 1..DECODE_STEPS {
             pacer.before(step)?;
-            let dst = prealloc_by_place + (step % slots_fixed) as u64 * token;
+            let dst = fixed_at + (step % slots_fixed) as u64 * token;
             // SAFETY: `dst` and `last` are `n` values of the two pages mapped before the loop.
             unsafe { raw_kernel.launch(raw_stream, 1, (dst, last, n, SPIN_NS))? };
             pacer.record(stream, step)?;
@@ -3454,7 +3454,7 @@ fn raw_decode_row(
     };
     let (grow_t, prealloc_t, paired) = race_paired_parts(40, growing, preallocated)?;
     for (i, handle) in fixed.into_iter().enumerate() {
-        unmap(prealloc_by_place + (i * g) as u64, handle)?;
+        unmap(fixed_at + (i * g) as u64, handle)?;
     }
     for event in events {
         // SAFETY: an event created above, destroyed once; the stream was waited for.
