@@ -2630,9 +2630,11 @@ fn reserve_note(row: &str, stats: cuda_vmm::owned::BufferStats) {
 /// `bench parts`: the host-bound decode loop with a reserve (as the row "a kernel with no spin
 /// (host-bound), the growing buffer with a reserve"), timed per operation on the host, beside the
 /// preallocated loop timed the same way, so the difference per page is split into the map, the
-/// token slots, the launches, the retire and the scope's end. Each figure is the mean over the
-/// runs, in microseconds per run of `DECODE_STEPS` steps.
-#[allow(clippy::too_many_lines)] // the two loops side by side, read top to bottom
+/// token slots, the launches, the retire and the scope's end; and beside them a third loop that
+/// lends as the growing one does over pages mapped before (no map, no retire, no reserve). Each
+/// figure is the mean over the runs, in microseconds per run of `DECODE_STEPS` steps. Then what
+/// the driver calls of a retire and of the reserve's worker cost alone.
+#[allow(clippy::too_many_lines)] // the three loops side by side, read top to bottom
 fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
     let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
     let kernel = module.function(c"spin_add_one")?;
@@ -2648,9 +2650,18 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
     let mut preallocated = cuda_vmm::VirtualBuffer::new(2 * g, &[device], ReadWrite)?;
     preallocated.grow(device, g)?;
     preallocated.grow(device, g)?;
+    // The growing loop's lends without its maps and retires: every slot of the ring mapped before
+    // the runs, each page's token slots lent as the growing loop lends them (a page every
+    // `DECODE_EVERY` steps), nothing mapped or retired; so the lends' and launches' share of the
+    // difference is told apart from the maps', the retires' and the reserve worker's.
+    let mut spread = cuda_vmm::VirtualBuffer::new(ring * g, &[device], ReadWrite)?;
+    for _ in 0..ring {
+        spread.grow(device, g)?;
+    }
     // [map, slots, launch, retire, scope end, whole run]
     let mut grow_t = [0f64; 6];
     let mut fixed_t = [0f64; 6];
+    let mut spread_t = [0f64; 6];
     // The launches by their step's place within a page (`step % DECODE_EVERY`; 0: the launch
     // right after a map, before the retire): whether a loop's extra launch time follows the maps
     // and retires or is spread evenly.
@@ -2748,6 +2759,37 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
                 *sum += x;
             }
         }
+        let mut t = [0f64; 6];
+        let run = Instant::now();
+        let mut inner_end = Instant::now();
+        cuda_vmm::scope(|s| {
+            let (w, kv) = (s.on(&stream), spread.in_scope(s));
+            let mut page = 0usize;
+            let a = Instant::now();
+            let mut tokens = token_slots(&kv, page, DECODE_EVERY)?;
+            t[1] += a.elapsed().as_secs_f64();
+            let mut last = w.memset(&mut tokens[0], 0)?;
+            for step in 1..DECODE_STEPS {
+                if step % DECODE_EVERY == 0 {
+                    page = (page + g) % (ring * g);
+                    let a = Instant::now();
+                    tokens = token_slots(&kv, page, DECODE_EVERY)?;
+                    t[1] += a.elapsed().as_secs_f64();
+                }
+                let a = Instant::now();
+                last = decode_step(w, &kernel, &mut tokens[step % DECODE_EVERY], last, 0)?;
+                t[2] += a.elapsed().as_secs_f64();
+            }
+            inner_end = Instant::now();
+            Ok(())
+        })?;
+        t[4] = inner_end.elapsed().as_secs_f64();
+        t[5] = run.elapsed().as_secs_f64();
+        if counting {
+            for (sum, x) in spread_t.iter_mut().zip(t) {
+                *sum += x;
+            }
+        }
     }
     capture_query_costs(&stream);
     let per = 1e6 / float(reps);
@@ -2755,8 +2797,8 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
         "host-bound decode loop, {DECODE_STEPS} steps per run, us per run (mean of {reps} runs)"
     );
     println!(
-        "{:>12} {:>10} {:>10} {:>10}",
-        "part", "growing", "prealloc", "diff"
+        "{:>12} {:>10} {:>10} {:>10} {:>10}",
+        "part", "growing", "prealloc", "diff", "spread"
     );
     for (i, name) in [
         "map_page",
@@ -2769,8 +2811,8 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
     .iter()
     .enumerate()
     {
-        let (a, b) = (grow_t[i] * per, fixed_t[i] * per);
-        println!("{name:>12} {a:>10.2} {b:>10.2} {:>10.2}", a - b);
+        let (a, b, c) = (grow_t[i] * per, fixed_t[i] * per, spread_t[i] * per);
+        println!("{name:>12} {a:>10.2} {b:>10.2} {:>10.2} {c:>10.2}", a - b);
     }
     let places = |at: &[f64]| {
         at.iter()
@@ -2788,6 +2830,7 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
     println!("{stats:?}");
     growing.free()?;
     preallocated.free()?;
+    spread.free()?;
     Ok(())
 }
 
@@ -2822,6 +2865,44 @@ fn capture_query_costs(stream: &cuda_vmm::Stream) {
             batches[10]
         );
     }
+    event_call_costs(stream);
+}
+
+/// What one `cuEventRecord` on `stream` (idle) and one `cuEventQuery` of a completed event cost
+/// (ns per call, the median of 21 batches of 1 000): a retire's record, and a look of the
+/// reserve's worker at a retire's event.
+fn event_call_costs(stream: &cuda_vmm::Stream) {
+    let mut event = core::ptr::null_mut();
+    // SAFETY: `event` is writable; the event is destroyed below.
+    if unsafe { raw::cuEventCreate(&raw mut event, 2) } != 0 {
+        println!("cuEventCreate refused: no event costs");
+        return;
+    }
+    let s = stream.as_raw().cast::<core::ffi::c_void>();
+    let mut code = 0;
+    for (name, record) in [("cuEventRecord", true), ("cuEventQuery", false)] {
+        let mut batches = Vec::new();
+        for _ in 0..21 {
+            let start = Instant::now();
+            for _ in 0..1_000 {
+                // SAFETY: a live event and a live stream of the current context.
+                code |= unsafe {
+                    if record {
+                        raw::cuEventRecord(event, s)
+                    } else {
+                        raw::cuEventQuery(event)
+                    }
+                };
+            }
+            batches.push(start.elapsed().as_secs_f64() * 1e9 / 1_000.0);
+            // SAFETY: a live stream.
+            code |= unsafe { raw::cuStreamSynchronize(s) };
+        }
+        batches.sort_by(f64::total_cmp);
+        println!("{name}: {:.1} ns (code {code})", batches[10]);
+    }
+    // SAFETY: the event is idle (the stream was synchronised) and not used again.
+    unsafe { raw::cuEventDestroy_v2(event) };
 }
 
 /// `count` token slots of [`DECODE_TOKEN`] bytes from byte `from` of `kv`, each lent for writing.
