@@ -3,7 +3,8 @@
 //! on the writer's stream or on another one behind an event the crate records; the write claims end
 //! there, so the writes' handles are refused afterwards, with the bytes named; and a freed block is
 //! lent again for writing (`ScopedBuffer::reuse`) behind its last reader, also by 16 threads at
-//! once; and 10 000 rounds of these paths and block tables, with faults injected, leak nothing.
+//! once; a page's slots lent in one call (`ScopedBuffer::write_chunks`) are each a write of their
+//! own; and 10 000 rounds of these paths and block tables, with faults injected, leak nothing.
 //! Every test skips visibly without a GPU. The tests take one lock, since they time kernels and
 //! measure free memory.
 
@@ -14,6 +15,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use common::{gpu_or_skip, pattern};
+use cuda_vmm::stream::Rewritable;
 use cuda_vmm::{
     Context, Device, Error, Event, Granularity, Module, PinnedBuffer, ReadWrite, Stream,
     VirtualBuffer, allocation_granularity,
@@ -135,6 +137,107 @@ fn history_is_read_back_on_the_writers_stream() {
         step5.to_vec(),
         expected[..5 * per],
         "the second step's history"
+    );
+    cache.free().unwrap();
+}
+
+/// A page's token slots lent in one call (`ScopedBuffer::write_chunks`): each chunk is a write of
+/// its own, written, read back and refused afterwards alone; a call over claimed bytes or a hole
+/// claims nothing (a later call over the same bytes succeeds), a chunk of zero is refused, and the
+/// last chunk is shorter where the chunk does not divide the range.
+#[test]
+fn a_page_lent_in_chunks_is_written_and_read_back_a_chunk_at_a_time() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_page_lent_in_chunks_is_written_and_read_back_a_chunk_at_a_time")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let slot = 4096usize;
+    let per = slot / 4;
+    let tokens: Vec<Vec<u32>> = (0..3).map(|t| pattern(per, 300 + t)).collect();
+    let uploads: Vec<PinnedBuffer<u32>> = tokens
+        .iter()
+        .map(|t| PinnedBuffer::from_slice(&ctx, t).unwrap())
+        .collect();
+    let mut first_two = PinnedBuffer::<u32>::zeroed(&ctx, 2 * per).unwrap();
+    let mut third = PinnedBuffer::<u32>::zeroed(&ctx, per).unwrap();
+    let mut tail = PinnedBuffer::<u32>::zeroed(&ctx, g / 4 % 1000).unwrap();
+    let work = Stream::new(&ctx).unwrap();
+    let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+    let stats = cache.stats();
+
+    cuda_vmm::scope(|s| {
+        let w = s.on(&work);
+        let kv = cache.in_scope(s);
+        let mut slots = kv.write_chunks::<u32>(..g, per)?;
+        assert_eq!(slots.len(), g / slot, "one lend per slot of the page");
+        assert!(slots.iter().all(|t| t.len() == per));
+        for (t, upload) in uploads.iter().enumerate() {
+            w.copy_from_host(&mut slots[t], upload)?;
+        }
+        // The bytes are claimed, chunk by chunk.
+        assert_eq!(
+            page_range(&kv.write::<u32>(slot..slot + 8)),
+            Some((slot, slot + 8)),
+            "a write inside a chunk"
+        );
+        // A hole: nothing claimed, so the same bytes are lent once mapped.
+        assert_eq!(
+            page_range(&kv.write_chunks::<u32>(g..2 * g, per)),
+            Some((g, 2 * g)),
+            "chunks over a hole"
+        );
+        assert!(matches!(
+            kv.write_chunks::<u32>(g..2 * g, 0),
+            Err(Error::ZeroSize { .. })
+        ));
+        kv.map_page(g, device, g)?;
+        assert_eq!(
+            page_range(&kv.write_chunks::<u32>(g - slot..g + slot, per)),
+            Some((g - slot, g)),
+            "chunks over claimed bytes"
+        );
+        let odd = kv.write_chunks::<u32>(g..2 * g, 1000)?;
+        let short = g / 4 % 1000;
+        assert_eq!(odd.len(), (g / 4).div_ceil(1000));
+        assert_eq!(odd.last().map(Rewritable::len), Some(short));
+        let mut last = odd.into_iter().last().ok_or(Error::ZeroSize { what: "chunks" })?;
+        w.memset(&mut last, 0x5a)?;
+        // Each chunk is read back alone; a read back across a chunk's end is refused.
+        let history = kv.read_back::<u32>(..2 * slot, w)?;
+        w.copy_to_host(&mut first_two, history)?;
+        assert_eq!(
+            page_range(&w.copy_from_host(&mut slots[1], &uploads[1])),
+            Some((slot, 2 * slot)),
+            "a chunk read back is no longer lent for writing"
+        );
+        assert_eq!(
+            page_range(&kv.read_back::<u32>(2 * slot..2 * slot + 8, w)),
+            Some((2 * slot, 3 * slot)),
+            "a read back that cuts a chunk"
+        );
+        w.copy_from_host(&mut slots[2], &uploads[2])?; // not read back: still lent for writing
+        let third_back = kv.read_back::<u32>(2 * slot..3 * slot, w)?;
+        w.copy_to_host(&mut third, third_back)?;
+        let tail_back = kv.read_back::<u32>(2 * g - 4 * short..2 * g, w)?;
+        w.copy_to_host(&mut tail, tail_back)?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(first_two.to_vec(), [&tokens[0][..], &tokens[1][..]].concat());
+    assert_eq!(third.to_vec(), tokens[2]);
+    assert_eq!(
+        tail.to_vec(),
+        vec![0x5a5a_5a5a; g / 4 % 1000],
+        "the short last chunk"
+    );
+    assert_eq!(
+        cache.stats().map_calls,
+        stats.map_calls + 1,
+        "a refused call made a driver call"
     );
     cache.free().unwrap();
 }

@@ -351,6 +351,32 @@ impl<S: Copy + Eq> Claims<S> {
         Ok(())
     }
 
+    /// Claims `[start, end)` for writing as consecutive write claims of `chunk` bytes each (the
+    /// last shorter where `chunk` does not divide the range), all or none: refused where any claim
+    /// shares a byte with the range, as [`write`](Claims::write) refuses each. The chunks are then
+    /// claims as `write` makes them, each lent, read back and retired on its own; one check and
+    /// one insertion for all of them. A `chunk` of zero claims nothing.
+    pub(super) fn write_chunks(
+        &mut self,
+        start: usize,
+        end: usize,
+        chunk: usize,
+    ) -> Result<(), Error> {
+        if start >= end || chunk == 0 {
+            return Ok(());
+        }
+        self.check_claim(start, end, true)?;
+        let at = self.writes.partition_point(|w| w.start < start);
+        let claims = (start..end).step_by(chunk).map(|from| WriteClaim {
+            start: from,
+            end: from.saturating_add(chunk).min(end),
+            stream: None,
+            settled: false,
+        });
+        self.writes.splice(at..at, claims);
+        Ok(())
+    }
+
     /// A write lend of `[start, end)` to work on `stream`: `Ok` where a write claim, not read back,
     /// holds every byte of it, which then remembers `stream`. A range read back or retired since it
     /// was lent is refused, naming it.

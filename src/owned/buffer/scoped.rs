@@ -351,6 +351,66 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
         self.write_through(bytes, context)
     }
 
+    /// As [`write`](ScopedBuffer::write), for the bytes `bytes` cut into lends of `chunk` `T`s each
+    /// (the last shorter where `chunk` does not divide them, as [`slice::chunks`]): one
+    /// [`Rewritable`] per chunk, in address order, each claimed, lent, read back and retired on
+    /// its own, as if each came from its own `write`. All or none, under one lock and one check of
+    /// the pages and claims: what an engine lends for the token slots of a page it has just
+    /// mapped, at a fraction of a `write` per slot. No driver call.
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for a `chunk` of zero, before anything is claimed; as
+    /// [`write`](ScopedBuffer::write) for the whole range otherwise (nothing is claimed then).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, Stream, VirtualBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let page = 2 << 20;
+    /// let mut kv = VirtualBuffer::new(16 * page, &[device], ReadWrite)?;
+    /// let stream = Stream::new(&kv.contexts()[0])?;
+    /// cuda_vmm::scope(|s| {
+    ///     let (work, cache) = (s.on(&stream), kv.in_scope(s));
+    ///     cache.map_page(0, device, page)?;
+    ///     // The page's 512 token slots of 4 KiB, lent in one call.
+    ///     let mut slots = cache.write_chunks::<u32>(..page, 1024)?;
+    ///     assert_eq!(slots.len(), 512);
+    ///     work.memset(&mut slots[0], 0)?;
+    ///     Ok(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn write_chunks<T: Pod>(
+        &self,
+        bytes: impl RangeBounds<usize>,
+        chunk: usize,
+    ) -> Result<Vec<Rewritable<'scope, T>>, Error> {
+        let context = self.buffer.first_context()?;
+        let (start, end, len) = self.buffer.element_range::<T>(bytes)?;
+        let size = size_of::<T>();
+        let step = chunk
+            .checked_mul(size)
+            .filter(|&step| step > 0)
+            .ok_or(Error::ZeroSize {
+                what: "chunk of a write_chunks",
+            })?;
+        let epoch = self.buffer.lock().claim_chunks(start, end, step)?;
+        let mut lends = Vec::with_capacity(len.div_ceil(chunk));
+        for from in (start..end).step_by(step) {
+            let count = chunk.min((end - from) / size);
+            let (view, origin) = self.lent_view(from, count, context, epoch);
+            lends.push(Rewritable {
+                view,
+                origin: Some(origin),
+                stream: None,
+            });
+        }
+        Ok(lends)
+    }
+
     fn write_through<T: Pod>(
         &self,
         bytes: impl RangeBounds<usize>,

@@ -59,6 +59,38 @@ mod claims {
     }
 
     #[test]
+    fn write_chunks_claims_each_chunk_as_its_own_write_or_none() {
+        let mut claims = Claims::<u8>::default();
+        assert_eq!(problem(claims.write(20, 24)), None);
+        assert_eq!(problem(claims.write_chunks(0, 10, 4)), None);
+        assert_eq!(
+            writes(&claims),
+            vec![(0, 4), (4, 8), (8, 10), (20, 24)],
+            "in address order, the last chunk shorter"
+        );
+        // Over a claim: nothing is claimed, the shared bytes named.
+        assert_eq!(
+            problem(claims.write_chunks(12, 30, 2)),
+            Some((20, 24, "are lent for writing"))
+        );
+        assert_eq!(writes(&claims).len(), 4);
+        // Each chunk is a claim of its own: lent, read back and retired alone.
+        assert_eq!(problem(claims.wrote(4, 8, 1)), None);
+        assert_eq!(
+            problem(claims.wrote(2, 6, 1)),
+            Some((2, 6, "are no longer lent for writing: read back (`ScopedBuffer::read_back`) or retired since")),
+            "a lend across two chunks is no one chunk's"
+        );
+        assert_eq!(claims.read_back(4, 8).ok(), Some(vec![1]));
+        claims.forget(0, 4);
+        assert_eq!(writes(&claims), vec![(4, 8), (8, 10), (20, 24)]);
+        // A chunk of zero, an empty range: nothing.
+        assert_eq!(problem(claims.write_chunks(30, 40, 0)), None);
+        assert_eq!(problem(claims.write_chunks(30, 30, 4)), None);
+        assert_eq!(writes(&claims).len(), 3);
+    }
+
+    #[test]
     fn claim_all_claims_every_range_or_none() {
         let mut claims = Claims::<u8>::default();
         assert_eq!(problem(claims.write(0, 10)), None);
@@ -250,6 +282,7 @@ mod claims {
     #[derive(Debug, Clone)]
     enum Op {
         Write(usize, usize),
+        WriteChunks(usize, usize, usize),
         Read(usize, usize),
         Wrote(usize, usize, u8),
         ReadBack(usize, usize),
@@ -262,6 +295,7 @@ mod claims {
         let range = (0usize..16, 1usize..6).prop_map(|(s, l)| (s, s + l));
         prop_oneof![
             range.clone().prop_map(|(s, e)| Op::Write(s, e)),
+            (range.clone(), 1usize..4).prop_map(|((s, e), c)| Op::WriteChunks(s, e, c)),
             range.clone().prop_map(|(s, e)| Op::Read(s, e)),
             (range.clone(), 0u8..3).prop_map(|((s, e), t)| Op::Wrote(s, e, t)),
             range.clone().prop_map(|(s, e)| Op::ReadBack(s, e)),
@@ -304,6 +338,16 @@ mod claims {
                         if free {
                             model[s..e].fill(Byte::Writing(next, None));
                             next += 1;
+                        }
+                    }
+                    Op::WriteChunks(s, e, c) => {
+                        let free = model[s..e].iter().all(|b| *b == Byte::Free);
+                        prop_assert_eq!(claims.write_chunks(s, e, c).is_ok(), free, "{:?}", op);
+                        if free {
+                            for chunk in model[s..e].chunks_mut(c) {
+                                chunk.fill(Byte::Writing(next, None));
+                                next += 1;
+                            }
                         }
                     }
                     Op::Read(s, e) => {

@@ -112,6 +112,20 @@ impl<P> Table<P> {
         Ok(self.epoch)
     }
 
+    /// Claims `[start, end)` for writing in chunks of `chunk` bytes, each its own write claim
+    /// (as the claims' `write_chunks` makes them), once the range is
+    /// [`usable`](Table::usable): the count of mapped pages now, which their lends carry.
+    pub(in crate::owned::buffer) fn claim_chunks(
+        &mut self,
+        start: usize,
+        end: usize,
+        chunk: usize,
+    ) -> Result<u64, Error> {
+        self.usable(start, end)?;
+        self.claims.write_chunks(start, end, chunk)?;
+        Ok(self.epoch)
+    }
+
     /// Claims every range of `ranges` (`[start, end)`, whether for writing; sharing no byte with
     /// each other) for a scope, all or none, once each is [`usable`](Table::usable): the count of
     /// mapped pages now, which their lends carry (a graph bound to the scope).
