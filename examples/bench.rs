@@ -2905,18 +2905,15 @@ fn event_call_costs(stream: &cuda_vmm::Stream) {
     unsafe { raw::cuEventDestroy_v2(event) };
 }
 
-/// `count` token slots of [`DECODE_TOKEN`] bytes from byte `from` of `kv`, each lent for writing.
+/// `count` token slots of [`DECODE_TOKEN`] bytes from byte `from` of `kv`, each lent for writing,
+/// in one call (`ScopedBuffer::write_chunks`), as an engine lends the slots of a page it has just
+/// mapped.
 fn token_slots<'scope>(
     kv: &cuda_vmm::owned::ScopedBuffer<'scope, ReadWrite>,
     from: usize,
     count: usize,
 ) -> cuda_vmm::Result<Vec<cuda_vmm::stream::Rewritable<'scope, u32>>> {
-    (0..count)
-        .map(|i| {
-            let at = from + i * DECODE_TOKEN;
-            kv.write::<u32>(at..at + DECODE_TOKEN)
-        })
-        .collect()
+    kv.write_chunks::<u32>(from..from + count * DECODE_TOKEN, DECODE_TOKEN / 4)
 }
 
 /// One decode step: `spin_add_one(token, last, n, spin_ns)` on one block of 256 threads; returns
