@@ -355,8 +355,8 @@ impl<'scope> ScopedBuffer<'scope, ReadWrite> {
     /// (the last shorter where `chunk` does not divide them, as [`slice::chunks`]): one
     /// [`Rewritable`] per chunk, in address order, each claimed, lent, read back and retired on
     /// its own, as if each came from its own `write`. All or none, under one lock and one check of
-    /// the pages and claims: what an engine lends for the token slots of a page it has just
-    /// mapped, at a fraction of a `write` per slot. No driver call.
+    /// the pages and claims for all the chunks (a `write` per chunk takes one each): what an
+    /// engine lends for the token slots of a page it has just mapped. No driver call.
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for a `chunk` of zero, before anything is claimed; as
