@@ -204,7 +204,10 @@ fn a_page_lent_in_chunks_is_written_and_read_back_a_chunk_at_a_time() {
         let short = g / 4 % 1000;
         assert_eq!(odd.len(), (g / 4).div_ceil(1000));
         assert_eq!(odd.last().map(Rewritable::len), Some(short));
-        let mut last = odd.into_iter().last().ok_or(Error::ZeroSize { what: "chunks" })?;
+        let mut last = odd
+            .into_iter()
+            .last()
+            .ok_or(Error::ZeroSize { what: "chunks" })?;
         w.memset(&mut last, 0x5a)?;
         // Each chunk is read back alone; a read back across a chunk's end is refused.
         let history = kv.read_back::<u32>(..2 * slot, w)?;
@@ -227,7 +230,10 @@ fn a_page_lent_in_chunks_is_written_and_read_back_a_chunk_at_a_time() {
         Ok(())
     })
     .unwrap();
-    assert_eq!(first_two.to_vec(), [&tokens[0][..], &tokens[1][..]].concat());
+    assert_eq!(
+        first_two.to_vec(),
+        [&tokens[0][..], &tokens[1][..]].concat()
+    );
     assert_eq!(third.to_vec(), tokens[2]);
     assert_eq!(
         tail.to_vec(),

@@ -78,7 +78,11 @@ mod claims {
         assert_eq!(problem(claims.wrote(4, 8, 1)), None);
         assert_eq!(
             problem(claims.wrote(2, 6, 1)),
-            Some((2, 6, "are no longer lent for writing: read back (`ScopedBuffer::read_back`) or retired since")),
+            Some((
+                2,
+                6,
+                "are no longer lent for writing: read back (`ScopedBuffer::read_back`) or retired since"
+            )),
             "a lend across two chunks is no one chunk's"
         );
         assert_eq!(claims.read_back(4, 8).ok(), Some(vec![1]));
