@@ -1,7 +1,8 @@
 //! Memory in motion against a real driver: a `VirtualBuffer` lent to a scope (`ScopedBuffer`) grows
 //! while a kernel runs on its other pages, retires pages behind running work without a host wait
 //! (their memory is released only once that work has finished, on every stream of the scope), and
-//! refuses every later lend of a retired page; a `Rewritable` slot is written again and again in one
+//! refuses every later lend of a retired page; a retire at the scope's end is released only after
+//! the scope; a `Rewritable` slot is written again and again in one
 //! scope; 16 threads grow, write and retire in one scope; a range is evicted behind running work
 //! and restored at the same address in one scope; and thousands of rounds with faults injected leave
 //! free memory where it was, to the byte. Every test skips visibly without a GPU.
@@ -236,6 +237,164 @@ fn a_retired_range_is_released_only_after_its_kernel() {
         "the download queued before the retire"
     );
     assert_eq!(cache.stats().pages_retired, 1);
+    cache.free().unwrap();
+    assert_eq!(free_memory(&ctx), free_at_start, "leaked");
+}
+
+/// A retire at the scope's end (`ScopedBuffer::retire_at_scope_end`) behind a 300 ms kernel:
+/// it records no event, the page is refused to every lend and map at once, and it is released
+/// neither while the kernel runs nor after it within the scope (not even after the test's own
+/// wait), only once the scope has ended, by the buffer's next `reclaim`. With a reserve, the next
+/// scope's map of the same range takes the page (no cuMemMap), and free memory is back to the byte
+/// after the trim.
+#[test]
+fn a_retire_at_the_scope_end_is_released_only_after_the_scope() {
+    let _serial = serial();
+    let Some((device, ctx)) =
+        gpu_or_skip("a_retire_at_the_scope_end_is_released_only_after_the_scope")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let n = g / 4;
+    let module = spin_module(&ctx);
+    let kernel = module.function(c"spin_add_one").unwrap();
+    let data = pattern(n, 9);
+    let host_in = PinnedBuffer::from_slice(&ctx, &data).unwrap();
+    let mut host_out = PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap();
+    let work = Stream::new(&ctx).unwrap();
+    let done = Event::new(&ctx).unwrap();
+    let n32 = u32::try_from(n).unwrap();
+    warm_up(&ctx);
+    let free_at_start = free_memory(&ctx);
+    let mut cache = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
+    cache.grow(device, g).unwrap();
+    cache.grow(device, g).unwrap();
+    let events_before = cache.stats().events_recorded;
+
+    cuda_vmm::scope(|s| {
+        let w = s.on(&work);
+        let kv = cache.in_scope(s);
+        let mut src = kv.write::<u32>(0..g)?;
+        let mut dst = kv.write::<u32>(g..2 * g)?;
+        let uploaded = w.copy_from_host(&mut src, &host_in)?;
+        // SAFETY: `spin_add_one(u32*, const u32*, u32, u64)` takes these four, in this order; it
+        // writes `n` values of `dst` and reads `n` of `uploaded`, which hold `n` each.
+        let (out, (), (), ()) =
+            unsafe { w.launch(&kernel, GRID, BLOCK, (&mut dst, uploaded, n32, nanos(SPIN)))? };
+        w.copy_to_host(&mut host_out, out)?;
+        w.record(&done)?;
+        assert_eq!(kv.retire_at_scope_end(g..2 * g)?, 1);
+        let running = !done.is_complete()?;
+        assert_eq!(kv.retired_bytes(), g);
+        assert!(
+            is_page_range(&w.memset(&mut dst, 0)),
+            "a write after the retire"
+        );
+        assert!(is_page_range(&kv.read::<u32>(g..g + 4)), "a new view");
+        assert!(is_page_range(&kv.map_page(g, device, g)), "a page over it");
+        assert!(is_page_range(&kv.retire(g..2 * g)), "a second retire");
+        assert!(
+            is_page_range(&kv.retire_at_scope_end(g..2 * g)),
+            "a second retire at the end"
+        );
+        let free_retired = free_memory(&ctx);
+        assert_eq!(kv.reclaim()?, 0, "released while the kernel runs");
+        done.synchronize()?;
+        assert_eq!(kv.reclaim()?, 0, "released before the scope's end");
+        assert_eq!(free_memory(&ctx), free_retired, "memory moved in the scope");
+        if !running {
+            eprintln!(
+                "the kernel had finished when the retire returned: the 300 ms window was missed"
+            );
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        cache.stats().events_recorded,
+        events_before,
+        "an event was recorded"
+    );
+    assert_eq!(
+        host_out.to_vec(),
+        plus_one(&data),
+        "the work queued before the retire"
+    );
+    let free_after_scope = free_memory(&ctx);
+    assert_eq!(cache.reclaim().unwrap(), 1, "the scope has ended: released");
+    assert_eq!(
+        free_memory(&ctx),
+        free_after_scope + g,
+        "the page's bytes came back"
+    );
+    cache.free().unwrap();
+
+    assert_eq!(free_memory(&ctx), free_at_start, "leaked");
+}
+
+/// Retires at the scope's end with a reserve, as a decode loop with one scope per batch runs them:
+/// a ring of three pages, a reserve of two, two pages mapped, written, read back and retired at
+/// the end in each of eight scopes. Every value is right, no event is recorded, retired pages come
+/// back through the reserve in place (recycled by the worker once the scope has ended, or taken
+/// by the map itself), and free memory is back to the byte after the trim.
+#[test]
+fn retires_at_the_scope_end_are_recycled_by_the_reserve() {
+    let _serial = serial();
+    let Some((device, ctx)) = gpu_or_skip("retires_at_the_scope_end_are_recycled_by_the_reserve")
+    else {
+        return;
+    };
+    let g = granularity(device);
+    let n = g / 4;
+    let work = Stream::new(&ctx).unwrap();
+    warm_up(&ctx);
+    let free_at_start = free_memory(&ctx);
+    let mut cache = VirtualBuffer::new(3 * g, &[device], ReadWrite).unwrap();
+    cache
+        .reserve_ahead(cuda_vmm::owned::ReserveOptions::new(device, g, 2))
+        .unwrap();
+    let mut slot = 0usize;
+    for round in 0..8u32 {
+        let data = [pattern(n, 40 + 2 * round), pattern(n, 41 + 2 * round)];
+        let inputs = data
+            .each_ref()
+            .map(|d| PinnedBuffer::from_slice(&ctx, d).unwrap());
+        let mut outputs = [(); 2].map(|()| PinnedBuffer::<u32>::zeroed(&ctx, n).unwrap());
+        let before = cache.stats();
+        cuda_vmm::scope(|s| {
+            let w = s.on(&work);
+            let kv = cache.in_scope(s);
+            let pages = [slot % 3 * g, (slot + 1) % 3 * g];
+            for ((&page, input), output) in pages.iter().zip(&inputs).zip(&mut outputs) {
+                kv.map_page(page, device, g)?;
+                let mut lent = kv.write::<u32>(page..page + g)?;
+                w.copy_from_host(&mut lent, input)?;
+                let back = kv.read_back::<u32>(page..page + g, w)?;
+                w.copy_to_host(output, back)?;
+            }
+            for page in pages {
+                assert_eq!(kv.retire_at_scope_end(page..page + g)?, 1);
+            }
+            Ok(())
+        })
+        .unwrap();
+        slot += 2;
+        assert_eq!(outputs[0].to_vec(), data[0], "round {round}");
+        assert_eq!(outputs[1].to_vec(), data[1], "round {round}");
+        assert_eq!(
+            cache.stats().events_recorded,
+            before.events_recorded,
+            "round {round}: an event was recorded"
+        );
+    }
+    let stats = cache.stats();
+    assert!(
+        stats.reserve_recycled_in_place > 0,
+        "no retired page came back in place: {stats:?}"
+    );
+    println!("eight scopes, sixteen retires at the end: {stats:?}");
+    cache.trim().unwrap();
     cache.free().unwrap();
     assert_eq!(free_memory(&ctx), free_at_start, "leaked");
 }

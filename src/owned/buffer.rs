@@ -286,10 +286,13 @@ impl<M: AccessMode> VirtualBuffer<M> {
     /// `reclaim` that follows releases it here).
     ///
     /// The exclusive borrow also proves that no [`ClaimedRange`] lives, so the holds a forgotten
-    /// one left are let go here.
+    /// one left are let go here, and that no `ScopedBuffer` lives.
     fn table_mut(&mut self) -> MutexGuard<'_, Table> {
         let mut table = self.shared.settled();
         table.forget_holds();
+        // And that the scope a scoped handle was lent to has ended: its retires at the scope's end
+        // are finished.
+        table.scope_ended();
         table
     }
 

@@ -143,10 +143,13 @@ pub struct BufferStats {
     /// Pages unmapped and handed to `cuMemRelease`.
     pub pages_released: u64,
     /// Pages retired ([`VirtualBuffer::retire_after`](super::VirtualBuffer::retire_after),
-    /// [`ScopedBuffer::retire`](super::ScopedBuffer::retire)): released once the work queued
-    /// before the retire has finished.
+    /// [`ScopedBuffer::retire`](super::ScopedBuffer::retire),
+    /// [`ScopedBuffer::retire_at_scope_end`](super::ScopedBuffer::retire_at_scope_end)): released
+    /// once the work queued before the retire has finished (for a retire at the scope's end, once
+    /// the scope has ended).
     pub pages_retired: u64,
-    /// `cuEventRecord` calls of retires: one per stream the retire orders the release after.
+    /// `cuEventRecord` calls of retires: one per stream the retire orders the release after (none
+    /// for a retire at the scope's end).
     pub events_recorded: u64,
     /// Pages evicted ([`VirtualBuffer::evict`](super::VirtualBuffer::evict)): their bytes copied to
     /// host memory, then unmapped and released (each also counts in `pages_released`).

@@ -103,6 +103,35 @@ impl<M: AccessMode> VirtualBuffer<M> {
         recorded.map(|()| retire.pages)
     }
 
+    /// Retires the pages inside `[start, end)` until the end of the scope whose handle calls it:
+    /// marked as [`retire_range`](VirtualBuffer::retire_range) marks them, with no event and no
+    /// capture check (no event is recorded, and the scope's wait, which the release waits for,
+    /// holds under capture). One lock.
+    pub(super) fn retire_range_at_scope_end(
+        &self,
+        start: usize,
+        end: usize,
+    ) -> Result<usize, Error> {
+        let _one_at_a_time = self
+            .one_retire
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let retire = {
+            let mut table = self.lock();
+            table.reclaim_here();
+            let Some(retire) = table.retire(start, end, false, || Ok(()))? else {
+                return Ok(0);
+            };
+            // Finished only once the scope has ended, after every lend of it.
+            table.retire_at_scope_end(retire.ticket);
+            retire
+        };
+        // No event waits for the lends in progress, but the retires that follow need the two lend
+        // generations kept apart (each waits for the slot the one before turned from).
+        self.wait_for_lends(retire.lends)?;
+        Ok(retire.pages)
+    }
+
     /// Waits until every lend admitted in the generation whose slot is `old` (turned by the caller
     /// while it marked pages, under the lock) has queued its work. The lock is not held here: a
     /// lend in progress may need it for a second view of the same buffer (a copy between two of its

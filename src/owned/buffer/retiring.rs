@@ -31,6 +31,9 @@ struct Retiring {
     /// streams are not known (each event is then queried).
     streams: Vec<StreamId>,
     host: Option<PinnedBuffer<u8>>,
+    /// A retire at the scope's end ([`defer`](Retires::defer)): no event, and not finished until
+    /// [`scope_ended`](Retires::scope_ended).
+    until_scope_end: bool,
 }
 
 /// The retires waiting for their events, oldest first, and the events of finished ones, kept for
@@ -41,12 +44,42 @@ pub(super) struct Retires {
     spare_events: Vec<Event>,
     /// The last ticket given.
     tickets: u64,
+    /// How many retires of `waiting` wait for the scope's end.
+    deferred: usize,
 }
 
 impl Retires {
-    /// Whether no retire waits.
+    /// Whether no retire waits for events: none, or only retires at the scope's end, which no
+    /// query can finish (the worker of a reserve sleeps long then, and is woken at the end).
     pub(super) fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
+        self.waiting.len() <= self.deferred
+    }
+
+    /// The retire `ticket` finishes once the scope whose handle made it has ended: its pages were
+    /// lent only to work queued on the scope's streams, which the scope's wait outlasts. No event.
+    pub(super) fn defer(&mut self, ticket: Ticket) {
+        self.waiting.push(Retiring {
+            ticket,
+            events: Vec::new(),
+            streams: Vec::new(),
+            host: None,
+            until_scope_end: true,
+        });
+        self.deferred = self.deferred.saturating_add(1);
+    }
+
+    /// The scope that made every retire at the scope's end has ended (the buffer is borrowed
+    /// exclusively again, which its scoped handle ruled out until the scope's wait had returned):
+    /// they are finished from now on. Whether there were any.
+    pub(super) fn scope_ended(&mut self) -> bool {
+        if self.deferred == 0 {
+            return false;
+        }
+        for retire in &mut self.waiting {
+            retire.until_scope_end = false;
+        }
+        self.deferred = 0;
+        true
     }
 
     /// The last ticket given (`Ticket(0)` before the first): every retire made so far has it or
@@ -103,6 +136,7 @@ impl Retires {
             events,
             streams,
             host: None,
+            until_scope_end: false,
         });
         result
     }
@@ -116,6 +150,7 @@ impl Retires {
             events: vec![done],
             streams: Vec::new(),
             host: Some(host),
+            until_scope_end: false,
         });
     }
 
@@ -128,8 +163,9 @@ impl Retires {
         }
     }
 
-    /// `cuEventQuery` — takes every retire whose events have all completed: their tickets, oldest
-    /// first, whose pages the work no longer uses. Their host memory is freed and their events kept
+    /// `cuEventQuery` — takes every retire whose events have all completed (a retire at the
+    /// scope's end once the scope has ended): their tickets, oldest first, whose pages the work no
+    /// longer uses. Their host memory is freed and their events kept
     /// for later retires. An event whose query fails is not known complete: its retire waits for
     /// the drop.
     ///
@@ -143,9 +179,10 @@ impl Retires {
         let mut running: Vec<StreamId> = Vec::new();
         let mut index = 0usize;
         while let Some(retire) = self.waiting.get(index) {
-            let done = all_complete(&retire.events, &retire.streams, &mut running, |event| {
-                event.is_complete().unwrap_or(false)
-            });
+            let done = !retire.until_scope_end
+                && all_complete(&retire.events, &retire.streams, &mut running, |event| {
+                    event.is_complete().unwrap_or(false)
+                });
             if !done {
                 index = index.saturating_add(1);
                 continue;
@@ -168,6 +205,7 @@ impl Retires {
     pub(super) fn is_finished(&self, ticket: Ticket) -> bool {
         self.waiting.iter().any(|retire| {
             retire.ticket == ticket
+                && !retire.until_scope_end
                 && retire
                     .events
                     .iter()
@@ -179,6 +217,7 @@ impl Retires {
     /// has completed, or aborts), and forgets them. Every event is tried; the first error.
     pub(super) fn wait_all(&mut self) -> Result<(), Error> {
         let waiting = core::mem::take(&mut self.waiting);
+        self.deferred = 0;
         first_error(
             waiting
                 .iter()
@@ -241,6 +280,28 @@ mod tests {
             })
             .collect();
         (done, queried.into_inner())
+    }
+
+    #[test]
+    fn a_retire_at_the_scope_end_finishes_only_once_the_scope_has_ended() {
+        let mut retires = Retires::default();
+        let (first, second) = (retires.ticket(), retires.ticket());
+        retires.defer(first);
+        retires.defer(second);
+        assert!(retires.is_empty(), "no retire waits for an event");
+        assert!(!retires.is_finished(first), "not before the end");
+        assert!(retires.take_finished().is_empty(), "not before the end");
+        assert!(retires.scope_ended());
+        assert!(!retires.scope_ended(), "once");
+        assert!(retires.is_finished(second));
+        assert_eq!(retires.take_finished(), [first, second]);
+        assert!(retires.is_empty());
+        // A later scope's retire waits for that scope's end in turn.
+        let third = retires.ticket();
+        retires.defer(third);
+        assert!(retires.take_finished().is_empty());
+        assert!(retires.wait_all().is_ok(), "the drop: nothing to wait for");
+        assert!(!retires.scope_ended(), "the drop forgot it");
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub use evict::EvictedInFlight;
 ///   after all the work queued so far (and after every lend in progress has queued its work); the
 ///   pages are released once every event has completed: by [`reclaim`](ScopedBuffer::reclaim), a
 ///   later grow, map or retire, or the buffer's drop, which waits. Free memory rises only then.
+///   [`retire_at_scope_end`](ScopedBuffer::retire_at_scope_end) records no event: its pages are
+///   released (or recycled by a reserve) once the scope has ended.
 /// - **Eviction** ([`evict`](ScopedBuffer::evict)) queues copies of a range's pages to pinned host
 ///   memory on one stream of the scope and retires the pages behind them: the range is evicted at
 ///   once (no view, lend or page reaches it), the bytes come in an
@@ -109,12 +111,20 @@ impl<M: AccessMode> fmt::Debug for ScopedBuffer<'_, M> {
 impl<M: AccessMode> VirtualBuffer<M> {
     /// Lends the buffer to the scope `scope` for all of it, as a [`ScopedBuffer`]: pages grow, are
     /// lent to queued work and retire while the work runs. No driver call. The claims of an earlier
-    /// scope's handle are forgotten (that scope has waited for its work).
+    /// scope's handle are forgotten, and its retires at the scope's end
+    /// ([`retire_at_scope_end`](ScopedBuffer::retire_at_scope_end)) finished (that scope has waited
+    /// for its work).
     pub fn in_scope<'scope>(
         &'scope mut self,
         scope: &'scope Scope<'scope, '_>,
     ) -> ScopedBuffer<'scope, M> {
-        self.lock().clear_claims();
+        let mut table = self.lock();
+        table.clear_claims();
+        // That scope's retires at its end are finished: the worker of a reserve takes them.
+        if table.scope_ended() {
+            self.shared.wake_worker(&table);
+        }
+        drop(table);
         ScopedBuffer {
             buffer: self,
             streams: scope.registry(),
@@ -308,6 +318,52 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         let each: EachStream<'_> =
             &|f: &mut dyn FnMut(&Stream) -> Result<(), Error>| streams.each(f);
         buffer.retire_range(start, end, each)
+    }
+
+    /// Retire the pages inside the byte range `bytes` until the scope's end: from now on, as after
+    /// [`retire`](ScopedBuffer::retire), no view of them is lent, no page is mapped over them and
+    /// their claims are forgotten; but no event is recorded, no stream is asked whether it
+    /// captures, and the pages are not released while the scope lasts. They are finished once the
+    /// scope has ended (its wait has returned, which the buffer's next exclusive borrow proves):
+    /// at the next [`in_scope`](VirtualBuffer::in_scope) a reserve's worker recycles them in place
+    /// or releases them (and a map of exactly a page's range takes it), and
+    /// [`VirtualBuffer::reclaim`], any other call through `&mut` that reclaims, or the drop
+    /// releases them. Returns how many pages were retired. No driver call.
+    ///
+    /// For a loop that runs one scope per batch of steps and retires pages in it: each retire then
+    /// costs a table update, where [`retire`](ScopedBuffer::retire) records an event on every
+    /// stream of the scope. The memory comes back a scope later; a scope that lasts the engine's
+    /// whole life should [`retire`](ScopedBuffer::retire), whose pages are released while it runs.
+    ///
+    /// # Errors
+    /// Before any change: [`Error::OutOfBounds`], and [`Error::PageRange`] where a page straddles
+    /// either end of the range or is retired already.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_vmm::{Device, ReadWrite, Stream, VirtualBuffer};
+    ///
+    /// # fn main() -> cuda_vmm::Result<()> {
+    /// let device = Device::get(0)?;
+    /// let page = 2 << 20;
+    /// let mut kv = VirtualBuffer::new(4 * page, &[device], ReadWrite)?;
+    /// let stream = Stream::new(&kv.contexts()[0])?;
+    /// cuda_vmm::scope(|s| {
+    ///     let (work, cache) = (s.on(&stream), kv.in_scope(s));
+    ///     cache.map_page(0, device, page)?;
+    ///     let mut slot = cache.write::<u32>(..4096)?;
+    ///     work.memset(&mut slot, 0)?;
+    ///     assert_eq!(cache.retire_at_scope_end(..page)?, 1); // no event: kept until the end
+    ///     assert!(cache.write::<u32>(..4096).is_err()); // retired: refused
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(kv.reclaim()?, 1); // the scope has ended: released
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn retire_at_scope_end(&self, bytes: impl RangeBounds<usize>) -> Result<usize, Error> {
+        let (start, end) = range_bounds(bytes, self.buffer.budget, BUDGET)?;
+        self.buffer.retire_range_at_scope_end(start, end)
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the retired pages whose work has

@@ -14,6 +14,7 @@ use crate::sys;
 use crate::vmm::access::{Contexts, set_access, with_contexts};
 
 use super::super::page::{Backing, Memory, PageInfo, Piece};
+use super::super::retiring::Ticket;
 use super::{Page, Slot, Table, bump};
 
 /// What [`Table::map_memory`] leaves: the page to put at the offset (`Live`, or `Ungranted` where
@@ -292,6 +293,21 @@ impl Table<Backing> {
             evicted.push(*piece);
         }
         (evicted, None)
+    }
+
+    /// The retire `ticket` (made by [`retire`](Table::retire) just now) finishes at the end of
+    /// the scope whose handle made it, with no event: see
+    /// [`scope_ended`](Table::scope_ended).
+    pub(in crate::owned::buffer) fn retire_at_scope_end(&mut self, ticket: Ticket) {
+        self.retires.defer(ticket);
+    }
+
+    /// The buffer is borrowed exclusively again, so the scope that lent it has ended and its wait
+    /// has returned: every retire at the scope's end is finished from now on (released, or
+    /// recycled by a reserve's worker, as a retire whose events completed). Whether there were
+    /// any.
+    pub(in crate::owned::buffer) fn scope_ended(&mut self) -> bool {
+        self.retires.scope_ended()
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the pages of every retire whose
