@@ -51,7 +51,9 @@
 //! call where the worker keeps up; goals <= 1.01 with 100 us kernels and the host at most 2 steps
 //! ahead, <= 1.05 host-bound; a note after each says how many maps took a page of the reserve, a
 //! fact to read beside the ratio: whether the worker's calls on another thread delay the launches,
-//! measured, not assumed); and a second
+//! measured, not assumed); the same two reserve rows with each page retired at the scope's end
+//! (`ScopedBuffer::retire_at_scope_end`: no event, the pages come back at the next run's scope;
+//! same goals); and a second
 //! mapping of a shared page (`VirtualBuffer::map_shared` + `unmap`) against `cuMemMap` +
 //! `cuMemSetAccess` + `cuMemUnmap` of the same handle at the same address, with the raw calls
 //! against themselves as calibration (goal <= 1.01). Then the decode engine of
@@ -62,7 +64,7 @@
 //! 1.02). With the argument `motion` (`cargo run --release --example bench -- motion`), only these
 //! rows (and the graph rows) run; with `graph`, only the decode engine's row and the graph rows;
 //! with `parts`, where the host's time goes in the host-bound elastic decode loop (a report, no
-//! goal); with `seams`, the rows of the paths other code can queue beside (the scope, the graph
+//! goal; `parts-end` with retires at the scope's end); with `seams`, the rows of the paths other code can queue beside (the scope, the graph
 //! replays, cudarc's and NCCL's scopes).
 //!
 //! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
@@ -366,8 +368,8 @@ fn run_mode(mode: &str, contexts: &[Context], g: usize) -> BenchResult<bool> {
     }
     // Where the host's time goes in the host-bound elastic decode loop (`bench parts`): a report,
     // no goal.
-    if mode == "parts" {
-        elastic_parts(ctx, g)?;
+    if mode == "parts" || mode == "parts-end" {
+        elastic_parts(ctx, g, mode == "parts-end")?;
         return Ok(true);
     }
     // The rows of the paths that other code can queue work beside (`bench seams`): the scope
@@ -2228,6 +2230,19 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
             lead,
             reps,
             reserve,
+            at_end: false,
+        };
+        decode_row(ctx, g, &kernel, &stream, motion, rows)?;
+    }
+    // The host-bound and paced rows with a reserve again, each page retired at the scope's end
+    // (`ScopedBuffer::retire_at_scope_end`: no event; the scope is one run).
+    for (spin_ns, lead, reps) in [(100_000, Lead::Steps(2), 40), (0, Lead::Unbounded, 400)] {
+        let motion = Motion {
+            spin_ns,
+            lead,
+            reps,
+            reserve: true,
+            at_end: true,
         };
         decode_row(ctx, g, &kernel, &stream, motion, rows)?;
     }
@@ -2443,13 +2458,16 @@ const DECODE_RESERVE: usize = DECODE_STEPS / DECODE_EVERY;
 const DECODE_RESERVE_RING: usize = DECODE_RESERVE + 1;
 
 /// What a decode row runs: the kernel's spin, how far the host runs ahead, the runs of each loop,
-/// and whether the growing buffer has a reserve (`VirtualBuffer::reserve_ahead`).
+/// whether the growing buffer has a reserve (`VirtualBuffer::reserve_ahead`), and whether its pages
+/// are retired at the scope's end (`ScopedBuffer::retire_at_scope_end`, no event) rather than
+/// after the work queued so far (`ScopedBuffer::retire`, an event each).
 #[derive(Clone, Copy)]
 struct Motion {
     spin_ns: u64,
     lead: Lead,
     reps: usize,
     reserve: bool,
+    at_end: bool,
 }
 
 /// A decode loop's time per step, in one scope on one stream, the scope's closing wait included:
@@ -2482,7 +2500,10 @@ fn decode_row(
         lead,
         reps,
         reserve,
+        at_end,
     } = motion;
+    let retire =
+        |kv: &cuda_vmm::owned::ScopedBuffer<'_, ReadWrite>, at| retire_page(kv, at, g, at_end);
     let pacer = Pacer::new(ctx, lead)?;
     // Slots of the growing buffer: one run maps `DECODE_STEPS / DECODE_EVERY` pages, at slots after
     // the last run's, whose retires the scope's wait finished (so the next map releases them).
@@ -2522,13 +2543,13 @@ fn decode_row(
                     kv.map_page(page, device, g)?;
                     tokens = token_slots(&kv, page, DECODE_EVERY)?;
                     last = decode_step(w, kernel, &mut tokens[0], last, spin_ns)?;
-                    kv.retire(old..old + g)?; // after the kernel that read its last token
+                    retire(&kv, old)?; // after the kernel that read its last token
                 } else {
                     last = decode_step(w, kernel, &mut tokens[step % DECODE_EVERY], last, spin_ns)?;
                 }
                 pacer.record(stream, step)?;
             }
-            kv.retire(page..page + g)?;
+            retire(&kv, page)?;
             Ok(())
         })?;
         Ok(())
@@ -2578,8 +2599,38 @@ fn decode_row(
     Ok(())
 }
 
+/// Retires the page of `g` bytes at `at`: after the work queued so far (`retire`, an event), or
+/// at the scope's end (`retire_at_scope_end`, no event).
+fn retire_page(
+    kv: &cuda_vmm::owned::ScopedBuffer<'_, ReadWrite>,
+    at: usize,
+    g: usize,
+    at_end: bool,
+) -> cuda_vmm::Result<usize> {
+    if at_end {
+        kv.retire_at_scope_end(at..at + g)
+    } else {
+        kv.retire(at..at + g)
+    }
+}
+
 /// A decode row's name and goal.
 fn decode_name(motion: Motion) -> (&'static str, &'static str) {
+    if motion.at_end {
+        return if motion.spin_ns == 0 {
+            (
+                "a kernel with no spin (host-bound), the growing buffer with a reserve, each page \
+                 retired at the scope's end (no event)",
+                "growing/preallocated <= 1.05",
+            )
+        } else {
+            (
+                "a 100 us kernel, the growing buffer with a reserve, each page retired at the \
+                 scope's end (no event)",
+                "growing/preallocated <= 1.01",
+            )
+        };
+    }
     match (motion.spin_ns, motion.lead, motion.reserve) {
         (0, _, true) => (
             "a kernel with no spin (host-bound), the growing buffer with a reserve",
@@ -2633,9 +2684,10 @@ fn reserve_note(row: &str, stats: cuda_vmm::owned::BufferStats) {
 /// token slots, the launches, the retire and the scope's end; and beside them a third loop that
 /// lends as the growing one does over pages mapped before (no map, no retire, no reserve). Each
 /// figure is the mean over the runs, in microseconds per run of `DECODE_STEPS` steps. Then what
-/// the driver calls of a retire and of the reserve's worker cost alone.
+/// the driver calls of a retire and of the reserve's worker cost alone. `bench parts-end`: the
+/// same, the growing loop's pages retired at the scope's end (`retire_at_scope_end`, no event).
 #[allow(clippy::too_many_lines)] // the three loops side by side, read top to bottom
-fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
+fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
     let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
     let kernel = module.function(c"spin_add_one")?;
     let stream = cuda_vmm::Stream::new(ctx)?;
@@ -2704,7 +2756,7 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
                         growing_by_place[0] += took;
                     }
                     let a = Instant::now();
-                    kv.retire(old..old + g)?;
+                    retire_page(&kv, old, g, at_end)?;
                     t[3] += a.elapsed().as_secs_f64();
                 } else {
                     let a = Instant::now();
@@ -2717,7 +2769,7 @@ fn elastic_parts(ctx: &Context, g: usize) -> BenchResult<()> {
                 }
             }
             let a = Instant::now();
-            kv.retire(page..page + g)?;
+            retire_page(&kv, page, g, at_end)?;
             t[3] += a.elapsed().as_secs_f64();
             inner_end = Instant::now();
             Ok(())
