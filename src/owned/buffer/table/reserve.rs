@@ -95,6 +95,31 @@ impl<P> Table<P> {
     /// reserve's page size, aligned to it, at or after the cursor, wrapping round the budget once.
     /// `None` where the reserve is stopped, holds its bound, keeps a fault, or finds no slot.
     pub(in crate::owned::buffer) fn next_fill(&mut self) -> Option<(usize, usize)> {
+        let (at, size, index) = self.vacant_fill()?;
+        self.slots.insert(
+            index,
+            Slot {
+                offset: at,
+                size,
+                epoch: 0,
+                page: Page::Filling,
+            },
+        );
+        let now = self.held_ahead() as u64;
+        self.stats.reserve_peak_pages = self.stats.reserve_peak_pages.max(now);
+        Some((at, size))
+    }
+
+    /// Whether the worker has a slot to fill now ([`next_fill`](Table::next_fill) would mark
+    /// one): a map that took a page of the reserve wakes it only then. Where every slot it could
+    /// fill holds a page (taken, retired, or of the reserve), waking it would cost the map a
+    /// system call and the worker's turn at the lock, for nothing.
+    pub(in crate::owned::buffer) fn fill_pending(&self) -> bool {
+        self.vacant_fill().is_some()
+    }
+
+    /// The slot [`next_fill`](Table::next_fill) marks: its offset, size and index in the table.
+    fn vacant_fill(&self) -> Option<(usize, usize, usize)> {
         let Reserve {
             bound,
             size,
@@ -105,8 +130,7 @@ impl<P> Table<P> {
         if !self.reserving() || self.reserve.fault.is_some() || size == 0 {
             return None;
         }
-        let held = self.held_ahead();
-        if held >= bound {
+        if self.held_ahead() >= bound {
             return None;
         }
         let start = cursor.div_ceil(size).saturating_mul(size);
@@ -132,18 +156,7 @@ impl<P> Table<P> {
                 }
                 _ => {
                     let index = insertion_point(&self.slots, at, end).ok()?;
-                    self.slots.insert(
-                        index,
-                        Slot {
-                            offset: at,
-                            size,
-                            epoch: 0,
-                            page: Page::Filling,
-                        },
-                    );
-                    let now = held.saturating_add(1) as u64;
-                    self.stats.reserve_peak_pages = self.stats.reserve_peak_pages.max(now);
-                    return Some((at, size));
+                    return Some((at, size, index));
                 }
             }
         }

@@ -55,6 +55,35 @@ fn the_reserve_fills_the_next_vacant_slots_after_the_cursor_up_to_its_bound() {
 }
 
 #[test]
+fn a_fill_is_pending_only_where_next_fill_would_mark_a_slot() {
+    // Room under the bound and a vacant slot: pending, and what `next_fill` then marks.
+    let mut t = reserving(vec![(0, 4, Page::Live(()))], 1, 4);
+    assert!(t.fill_pending());
+    assert_eq!(t.next_fill(), Some((4, 4)));
+    assert!(!t.fill_pending(), "the bound: one page held");
+    t.filled(4, Fill::Ready(()));
+    assert!(!t.fill_pending());
+    assert!(t.take_ready(4, 8, |()| true));
+    assert!(t.fill_pending(), "taken: room again");
+    // Under the bound, but every slot holds a page: nothing to fill, so no wake.
+    let mut full = reserving(vec![(0, 56, Page::Live(()))], 3, 4);
+    assert_eq!(full.next_fill(), Some((56, 4)));
+    assert_eq!(full.next_fill(), Some((60, 4)));
+    assert!(
+        !full.fill_pending(),
+        "no vacant slot, two pages under a bound of three"
+    );
+    assert_eq!(full.next_fill(), None);
+    // Stopped, or keeping a fault: nothing pending.
+    full.filled(56, Fill::Refused(Error::ZeroSize { what: "a stand-in" }));
+    assert!(!full.fill_pending(), "a fault is kept until a map takes it");
+    assert!(full.take_fault().is_some());
+    assert!(full.fill_pending(), "the hole the refused fill left");
+    full.stop_reserve();
+    assert!(!full.fill_pending());
+}
+
+#[test]
 fn the_reserve_wraps_round_the_budget_once_and_stops_when_asked() {
     let mut t = reserving(vec![(60, 4, Page::Live(()))], 2, 4);
     assert_eq!(
