@@ -59,7 +59,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
         bytes: impl core::ops::RangeBounds<usize>,
     ) -> Result<usize, Error> {
         let (start, end) = range_bounds(bytes, self.budget, BUDGET)?;
-        self.retire_range(start, end, &|f| f(stream))
+        self.retire_range(start, end, Some(&|f| f(stream)))
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the retired pages whose work has
@@ -76,12 +76,15 @@ impl<M: AccessMode> VirtualBuffer<M> {
     }
 
     /// Retires the pages inside `[start, end)` after the work queued so far on each stream `each`
-    /// names. Locks the table itself (twice: for the checks and the marking, and for the events).
+    /// names (`Some`), or until the end of the scope whose handle calls it (`None`: no event and
+    /// no capture check, since no event is recorded and the scope's wait, which the release waits
+    /// for, holds under capture). Locks the table itself (for the checks and the marking, and for
+    /// the events where there are any).
     pub(super) fn retire_range(
         &self,
         start: usize,
         end: usize,
-        each: EachStream<'_>,
+        each: Option<EachStream<'_>>,
     ) -> Result<usize, Error> {
         let _one_at_a_time = self
             .one_retire
@@ -90,46 +93,27 @@ impl<M: AccessMode> VirtualBuffer<M> {
         let retire = {
             let mut table = self.lock();
             table.reclaim_here();
-            match table.retire(start, end, false, || not_capturing(each))? {
-                Some(retire) => retire,
-                None => return Ok(0),
+            let admit = || each.map_or(Ok(()), not_capturing);
+            let Some(retire) = table.retire(start, end, false, admit)? else {
+                return Ok(0);
+            };
+            if each.is_none() {
+                // Finished only once the scope has ended, after every lend of it.
+                table.retire_at_scope_end(retire.ticket);
             }
+            retire
         };
+        // With no event, the retires that follow still need the two lend generations kept apart
+        // (each waits for the slot the one before turned from).
         self.wait_for_lends(retire.lends)?;
+        let Some(each) = each else {
+            return Ok(retire.pages);
+        };
         let mut table = self.lock();
         let recorded = table.record(retire.ticket, each);
         // The reserve's worker, if any, releases the pages once the events have completed.
         self.shared.wake_worker(&table);
         recorded.map(|()| retire.pages)
-    }
-
-    /// Retires the pages inside `[start, end)` until the end of the scope whose handle calls it:
-    /// marked as [`retire_range`](VirtualBuffer::retire_range) marks them, with no event and no
-    /// capture check (no event is recorded, and the scope's wait, which the release waits for,
-    /// holds under capture). One lock.
-    pub(super) fn retire_range_at_scope_end(
-        &self,
-        start: usize,
-        end: usize,
-    ) -> Result<usize, Error> {
-        let _one_at_a_time = self
-            .one_retire
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let retire = {
-            let mut table = self.lock();
-            table.reclaim_here();
-            let Some(retire) = table.retire(start, end, false, || Ok(()))? else {
-                return Ok(0);
-            };
-            // Finished only once the scope has ended, after every lend of it.
-            table.retire_at_scope_end(retire.ticket);
-            retire
-        };
-        // No event waits for the lends in progress, but the retires that follow need the two lend
-        // generations kept apart (each waits for the slot the one before turned from).
-        self.wait_for_lends(retire.lends)?;
-        Ok(retire.pages)
     }
 
     /// Waits until every lend admitted in the generation whose slot is `old` (turned by the caller

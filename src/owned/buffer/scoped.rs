@@ -317,7 +317,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
         let streams = self.streams;
         let each: EachStream<'_> =
             &|f: &mut dyn FnMut(&Stream) -> Result<(), Error>| streams.each(f);
-        buffer.retire_range(start, end, each)
+        buffer.retire_range(start, end, Some(each))
     }
 
     /// Retire the pages inside the byte range `bytes` until the scope's end: from now on, as after
@@ -363,7 +363,7 @@ impl<'scope, M: AccessMode> ScopedBuffer<'scope, M> {
     /// ```
     pub fn retire_at_scope_end(&self, bytes: impl RangeBounds<usize>) -> Result<usize, Error> {
         let (start, end) = range_bounds(bytes, self.buffer.budget, BUDGET)?;
-        self.buffer.retire_range_at_scope_end(start, end)
+        self.buffer.retire_range(start, end, None)
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the retired pages whose work has
