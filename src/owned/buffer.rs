@@ -464,11 +464,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 || table
                     .take_finished_retired(offset, end, |b| b.recyclable_as(device, size, options))
             {
-                // The worker refills where it now has a slot to fill; where it has none (every
-                // slot holds a page), the wake would only cost this map a system call.
-                if table.fill_pending() {
-                    self.shared.wake_worker(&table);
-                }
+                self.shared.wake_worker_to_fill(&table);
                 return Ok(offset);
             }
             if let Some(fault) = table.take_fault() {

@@ -142,6 +142,17 @@ impl Shared {
         }
     }
 
+    /// Wakes the worker where it sleeps and has a slot to fill ([`Table::fill_pending`]): what a
+    /// map that took a page of the reserve calls. Where every slot it could fill holds a page, the
+    /// wake would cost the map a system call and give the worker nothing to do; the slots are
+    /// looked at only where it sleeps. Called with the lock held, as
+    /// [`wake_worker`](Shared::wake_worker).
+    pub(super) fn wake_worker_to_fill(&self, table: &Table) {
+        if self.asleep.load(Ordering::Relaxed) && table.fill_pending() {
+            self.work.notify_one();
+        }
+    }
+
     /// The worker handed a fill or release back: wakes whoever waits for it.
     pub(super) fn handed_back(&self) {
         self.done.notify_all();

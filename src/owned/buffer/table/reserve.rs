@@ -111,9 +111,7 @@ impl<P> Table<P> {
     }
 
     /// Whether the worker has a slot to fill now ([`next_fill`](Table::next_fill) would mark
-    /// one): a map that took a page of the reserve wakes it only then. Where every slot it could
-    /// fill holds a page (taken, retired, or of the reserve), waking it would cost the map a
-    /// system call and the worker's turn at the lock, for nothing.
+    /// one): a map that took a page of the reserve wakes it only then.
     pub(in crate::owned::buffer) fn fill_pending(&self) -> bool {
         self.vacant_fill().is_some()
     }
