@@ -2774,13 +2774,7 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
             inner_end = Instant::now();
             Ok(())
         })?;
-        t[4] = inner_end.elapsed().as_secs_f64();
-        t[5] = run.elapsed().as_secs_f64();
-        if counting {
-            for (sum, x) in grow_t.iter_mut().zip(t) {
-                *sum += x;
-            }
-        }
+        end_run(&mut grow_t, t, (run, inner_end), counting);
         let mut t = [0f64; 6];
         let run = Instant::now();
         let mut inner_end = Instant::now();
@@ -2804,13 +2798,7 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
             inner_end = Instant::now();
             Ok(())
         })?;
-        t[4] = inner_end.elapsed().as_secs_f64();
-        t[5] = run.elapsed().as_secs_f64();
-        if counting {
-            for (sum, x) in fixed_t.iter_mut().zip(t) {
-                *sum += x;
-            }
-        }
+        end_run(&mut fixed_t, t, (run, inner_end), counting);
         let mut t = [0f64; 6];
         let run = Instant::now();
         let mut inner_end = Instant::now();
@@ -2835,13 +2823,7 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
             inner_end = Instant::now();
             Ok(())
         })?;
-        t[4] = inner_end.elapsed().as_secs_f64();
-        t[5] = run.elapsed().as_secs_f64();
-        if counting {
-            for (sum, x) in spread_t.iter_mut().zip(t) {
-                *sum += x;
-            }
-        }
+        end_run(&mut spread_t, t, (run, inner_end), counting);
     }
     capture_query_costs(&stream);
     let per = 1e6 / float(reps);
@@ -2884,6 +2866,20 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
     preallocated.free()?;
     spread.free()?;
     Ok(())
+}
+
+/// Ends one run of a `bench parts` loop: its scope's end and whole time go into `t`'s last two
+/// parts (`ends`: when the run began, when its scope's closure returned), and `t` into `sums` where
+/// the run is `counting` (after the warm-up runs).
+fn end_run(sums: &mut [f64; 6], mut t: [f64; 6], ends: (Instant, Instant), counting: bool) {
+    let (run, inner_end) = ends;
+    t[4] = inner_end.elapsed().as_secs_f64();
+    t[5] = run.elapsed().as_secs_f64();
+    if counting {
+        for (sum, x) in sums.iter_mut().zip(t) {
+            *sum += x;
+        }
+    }
 }
 
 /// What one `cuStreamIsCapturing` costs, nothing capturing: on a created (non-blocking) stream,
