@@ -2251,10 +2251,11 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
 
 /// The decode engine of `examples/decode_engine.rs` (8 seeded sequences of up to 24 tokens, a
 /// 100 us `decode_step` per step, the step one graph with a graph table, replayed, the host at most
-/// two steps ahead): pages mapped as sequences start and retired as they end, against the same
-/// engine over a preallocated cache (every lane mapped before the run, none retired), paired.
-/// Only each run's scope is timed (the cache's reservation, and the preallocated pages' mapping,
-/// are not).
+/// two steps ahead): pages taken as sequences start (`grow`, from a reserve of
+/// `graph_engine::RESERVE` pages kept mapped ahead by its worker thread) and retired as they end,
+/// against the same engine over a preallocated cache (every lane mapped before the run, none
+/// retired), paired. Only each run's scope is timed (the cache's reservation, the reserve's first
+/// fill, and the preallocated pages' mapping, are not).
 fn graph_decode_row(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     const REPS: usize = 40;
     let workload = graph_engine::Workload::random(0x5eed_0032, 8, 24, 1024);
@@ -2271,11 +2272,12 @@ fn graph_decode_row(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult
     }
     let (elastic_t, fixed_t, paired) = race_paired_parts(REPS, &mut elastic, &mut fixed)?;
     let per_step = 1e6 / float(steps);
+    let reserve = graph_engine::RESERVE;
     rows.push(Row {
         name: format!(
             "decode engine, one graph per step (graph table upload + 100 us kernel), the host at \
-             most 2 steps ahead, {steps} steps: pages mapped on demand and retired as sequences \
-             end vs a preallocated cache, per step (us)"
+             most 2 steps ahead, {steps} steps: pages taken on demand from a reserve of {reserve} and \
+             retired as sequences end vs a preallocated cache, per step (us)"
         ),
         unit: "us",
         safe: elastic_t * per_step,
@@ -3169,7 +3171,9 @@ fn launch_rows(
     const REPS: usize = 2000;
     // The raw graph: the same 64 operations on `rx`/`ry`, captured with raw calls.
     let raw_stream = stream.as_raw().cast::<c_void>();
-    let (raw_graph, exec) = raw_graph_of_64(ctx, raw_stream, raw_kernel, (rx, ry))?;
+    let (x0, y0) = (rx.as_slice().as_raw_ptr(), ry.as_slice().as_raw_ptr());
+    // SAFETY: `rx` and `ry` hold the values the graph touches and outlive it (destroyed below).
+    let (raw_graph, exec) = unsafe { raw_graph_of_64(ctx, raw_stream, raw_kernel, (x0, y0))? };
     let raw_replay = || -> BenchResult<()> {
         ctx.bind_to_thread()?;
         // SAFETY: the instantiated raw graph, on its stream, waited for before the next launch.
@@ -3184,7 +3188,7 @@ fn launch_rows(
     };
     let (safe, raw_t, paired) = race_paired(REPS, replay, raw_replay)?;
     let (a, b, calibration) = race_paired(REPS, raw_replay, raw_replay)?;
-    scoped_graph_row(ctx, raw_replay, rows)?;
+    scoped_graph_row(ctx, raw_kernel, raw_replay, rows)?;
     // SAFETY: the raw graph's last launch was waited for; each object destroyed once.
     unsafe {
         ok(raw_graph::cuGraphExecDestroy(exec))?;
@@ -3210,25 +3214,29 @@ fn launch_rows(
     Ok(())
 }
 
-/// The raw graph of [`launch_rows`]: 32 memsets of `N` values of `rx`, each read by a
-/// `spin_add_one` of `N` values into `ry` that does not spin, captured on `raw_stream` with raw calls
-/// and instantiated. The caller destroys both (after the last launch, waited for).
-fn raw_graph_of_64(
+/// The raw graph of [`launch_rows`] and [`scoped_graph_row`]: 32 memsets of `N` values at `x0`,
+/// each read by a `spin_add_one` of `N` values into `y0` that does not spin, captured on
+/// `raw_stream` with raw calls and instantiated. The caller destroys both (after the last launch,
+/// waited for).
+///
+/// # Safety
+/// `x0` and `y0` must each start `32 * N` `u32`s of device memory of `ctx`, mapped and granted
+/// until the graph is destroyed, which nothing else uses while a launch of the graph runs.
+unsafe fn raw_graph_of_64(
     ctx: &Context,
     raw_stream: *mut c_void,
     raw_kernel: &RawSpin,
-    (rx, ry): (&DeviceBuffer<u32>, &DeviceBuffer<u32>),
+    (x0, y0): (u64, u64),
 ) -> BenchResult<(*mut c_void, *mut c_void)> {
     const PAIRS: usize = 32;
     const N: usize = 1024;
     let n32 = u32::try_from(N)?;
-    let (x0, y0) = (rx.as_slice().as_raw_ptr(), ry.as_slice().as_raw_ptr());
     let mut raw_graph = core::ptr::null_mut();
     let mut exec = core::ptr::null_mut();
     ctx.bind_to_thread()?;
-    // SAFETY: a live, non-capturing stream of the current context; every address is `N` values of
-    // `rx` or `ry`, alive until the caller destroys the graph (after its last launch, waited for);
-    // the capture is ended and instantiated here.
+    // SAFETY: a live, non-capturing stream of the current context; every address is `N` values
+    // at `x0` or `y0`, alive until the caller destroys the graph (the caller's guarantee); the
+    // capture is ended and instantiated here.
     unsafe {
         ok(raw_graph::cuStreamBeginCapture_v2(raw_stream, 1))?;
         for i in 0..PAIRS {
@@ -3257,11 +3265,15 @@ fn raw_graph_of_64(
 /// The scoped graph row: the same 64 operations captured over one page of a `VirtualBuffer`,
 /// parked and bound to one long scope over the buffer lent to it (`ParkedGraph::in_scope`), each
 /// replay admitting its range (`launch_scoped_graph`; the memsets and kernels write 256 KiB of the
-/// page, one range once merged) and waited for on its stream, against `raw_replay` (the raw graph's
-/// `cuGraphLaunch` + `cuStreamSynchronize`): what the admission of every replay costs in an
-/// engine's one scope.
+/// page, one range once merged) and waited for on its stream: what the admission of every replay
+/// costs in an engine's one scope. Against a raw graph of the same 64 operations over the same
+/// bytes of the same page, captured with raw calls on the same stream (`cuGraphLaunch` +
+/// `cuStreamSynchronize`): the row with the goal, where only the crate's calls differ. Against
+/// `raw_replay` too (the raw graph of [`launch_rows`], over memory of `cuMemAlloc`), a report: the
+/// two raw graphs differ by the memory their operations touch.
 fn scoped_graph_row(
     ctx: &Context,
+    raw_kernel: &RawSpin,
     mut raw_replay: impl FnMut() -> BenchResult<()>,
     rows: &mut Vec<Row>,
 ) -> BenchResult<()> {
@@ -3291,29 +3303,69 @@ fn scoped_graph_row(
         })?
         .park()
     };
+    // The raw graph of the same operations over the same bytes: `x` is the page's first
+    // `PAIRS * N` values, `y` the next, as the views split above.
+    let raw_stream = stream.as_raw().cast::<c_void>();
+    let x0 = cache.base();
+    let y0 = x0 + u64::try_from(PAIRS * N * 4)?;
+    // SAFETY: the page mapped at `x0` holds both halves (256 KiB of 2 MiB), mapped and granted
+    // until `cache` drops, after the graph is destroyed below; only this row's replays touch it,
+    // each waited for before the next.
+    let (page_graph, page_exec) =
+        unsafe { raw_graph_of_64(ctx, raw_stream, raw_kernel, (x0, y0))? };
+    let raw_page_replay = || -> BenchResult<()> {
+        ctx.bind_to_thread()?;
+        // SAFETY: the instantiated raw graph over the page, on its stream, waited for before the
+        // next launch (of it or of the scoped graph).
+        unsafe {
+            ok(raw_graph::cuGraphLaunch(page_exec, raw_stream))?;
+            ok(raw::cuStreamSynchronize(raw_stream))
+        }
+    };
     let mut timed = None;
-    cuda_vmm::scope(|s| {
+    let scoped = cuda_vmm::scope(|s| {
         let work = s.on(&stream);
         let kv = cache.in_scope(s);
         let mut graph = parked.in_scope().buffer(&kv).module(&module).finish()?;
-        let replay = || -> BenchResult<()> {
+        let mut replay = || -> BenchResult<()> {
             work.launch_scoped_graph(&mut graph)?;
             work.synchronize()?;
             Ok(())
         };
-        timed = Some(race_paired(REPS, replay, &mut raw_replay).map_err(|e| e.to_string()));
+        let same_page = race_paired(REPS, &mut replay, raw_page_replay);
+        let other_memory = race_paired(REPS, &mut replay, &mut raw_replay);
+        timed = Some((same_page, other_memory));
         Ok(())
-    })?;
-    let (safe, raw_t, paired) = timed.ok_or("the scoped graph row did not run")??;
+    });
+    // SAFETY: every launch of the raw graph was waited for; each object destroyed once.
+    unsafe {
+        ok(raw_graph::cuGraphExecDestroy(page_exec))?;
+        ok(raw_graph::cuGraphDestroy(page_graph))?;
+    }
+    scoped?;
+    let (same_page, other_memory) = timed.ok_or("the scoped graph row did not run")?;
+    let (safe, raw_t, paired) = same_page?;
     rows.push(Row {
         name: "scoped graph replay: launch_scoped_graph (its one range admitted) + sync in one scope vs \
-               cuGraphLaunch + cuStreamSynchronize, 64 nodes (us)"
+               cuGraphLaunch + cuStreamSynchronize of the same 64 nodes over the same page (us)"
             .into(),
         unit: "us",
         safe: safe * 1e6,
         raw: raw_t * 1e6,
         paired: Some(paired),
         goal: "safe/raw <= 1.01",
+    });
+    let (safe, raw_t, paired) = other_memory?;
+    rows.push(Row {
+        name:
+            "scoped graph replay, as above, vs the raw graph of the graph launch row (its 64 nodes \
+               over memory of cuMemAlloc) (us)"
+                .into(),
+        unit: "us",
+        safe: safe * 1e6,
+        raw: raw_t * 1e6,
+        paired: Some(paired),
+        goal: "report",
     });
     Ok(())
 }
