@@ -3,8 +3,9 @@
 //! rows (`examples/bench.rs`, `motion`).
 //!
 //! Each sequence owns one lane: a page of the cache (its K/V blocks, then its output blocks),
-//! mapped when it starts and retired when it ends (elastic), or mapped before the run and kept
-//! (preallocated). Each step sets, for every live sequence, the graph table's entries (the K/V
+//! taken when it starts (`grow`, from a reserve of [`RESERVE`] pages that a worker thread keeps
+//! mapped ahead, so the launch thread makes no VMM call) and retired when it ends (elastic), or
+//! mapped before the run at the lane's own slot and kept (preallocated). Each step sets, for every live sequence, the graph table's entries (the K/V
 //! block the step appends, the new token's K/V, the output block, and the history read back),
 //! then replays the graph: the table's upload and `decode_step` (`kernels/decode_step.ptx`). The
 //! host stays at most two steps ahead (an event per step).
@@ -13,12 +14,18 @@ use std::error::Error;
 use std::ffi::CString;
 use std::time::{Duration, Instant};
 
+use cuda_vmm::owned::ReserveOptions;
 use cuda_vmm::stream::{Graph, GraphTable, ParkedGraph, PinnedSliceMut};
 use cuda_vmm::{
     Context, Device, DeviceBuffer, Event, Module, PinnedBuffer, ReadWrite, Stream, VirtualBuffer,
 };
 
 type Result<T = (), E = Box<dyn Error>> = core::result::Result<T, E>;
+
+/// The pages the elastic cache's reserve keeps mapped ahead (`VirtualBuffer::reserve_ahead`):
+/// memory the engine holds beyond its live pages, enough for the sequences that start within
+/// one refill (a page takes the worker about 50 µs; a step, 100 µs of kernel and more).
+pub(crate) const RESERVE: usize = 4;
 
 /// `decode_step(const u64 *table, u32 seqs, u32 hist, u32 len, u64 ns)`.
 const DECODE_STEP_PTX: &str = include_str!("../kernels/decode_step.ptx");
@@ -180,11 +187,12 @@ impl GraphEngine {
         })
     }
 
-    /// One run over a new cache, elastic (pages mapped as sequences start and retired as they
-    /// end) or preallocated (every lane mapped before, none retired); with `downloads`, each
-    /// output block is read back into it. The time from the scope's start to its end. An elastic
-    /// run checks that free device memory is back to the byte once every sequence has ended and
-    /// its page is released.
+    /// One run over a new cache, elastic (a page taken from the reserve as each sequence starts,
+    /// retired as it ends; the reserve started and filled before the clock starts, as an
+    /// engine's at start-up) or preallocated (every lane mapped before, none retired); with
+    /// `downloads`, each output block is read back into it. The time from the scope's start to its
+    /// end. An elastic run checks that free device memory is back to the byte once every sequence
+    /// has ended, its page is released and the reserve is trimmed.
     pub(crate) fn run(
         &mut self,
         elastic: bool,
@@ -194,27 +202,26 @@ impl GraphEngine {
         let w = &self.workload;
         let (lanes, hist, len) = (w.lanes(), w.hist, w.len);
         let mut cache = VirtualBuffer::new(lanes * page, &[device], ReadWrite)?;
-        if !elastic {
-            for s in 0..lanes {
-                cache.map_page(s * page, device, page)?;
-            }
-        }
+        let (free_before, _) = self.context.memory_info()?;
+        // Where each lane's page lies: its own slot when preallocated; where `grow` took it when
+        // elastic (set as the sequence starts).
+        let mut at: Vec<usize> = (0..lanes).map(|s| s * page).collect();
+        prepare(&mut cache, elastic, device, page, &at)?;
         let mut chunks: Vec<Option<PinnedSliceMut<'_, u32>>> = match downloads {
             Some(d) => d.chunks_mut(len)?.map(Some).collect(),
             None => Vec::new(),
         };
-        let kv_block = |s: usize, t: usize| {
-            let at = s * page + t * len * 4;
+        let kv_block = |slot: usize, t: usize| {
+            let at = slot + t * len * 4;
             at..at + len * 4
         };
-        let out_block = |s: usize, t: usize| {
-            let at = s * page + (hist + t) * len * 4;
+        let out_block = |slot: usize, t: usize| {
+            let at = slot + (hist + t) * len * 4;
             at..at + len * 4
         };
         let (table, parked, module, inputs) =
             (&mut self.table, &self.parked, &self.module, &self.inputs);
         let (stream, paced) = (&self.stream, &self.paced);
-        let (free_before, _) = self.context.memory_info()?;
         let started = Instant::now();
         cuda_vmm::scope(|s| {
             let work = s.on(stream);
@@ -231,27 +238,28 @@ impl GraphEngine {
                     paced[step % 2].synchronize()?;
                 }
                 for (lane, t) in w.live(step) {
-                    if t == 0 {
-                        if elastic {
-                            kv.map_page(lane * page, device, page)?; // on demand
-                        }
-                    } else {
+                    if t == 0 && elastic {
+                        at[lane] = kv.grow(device, page)?; // on demand, from the reserve
+                    }
+                    let slot = at[lane];
+                    if t > 0 {
                         // Last step's K/V, read back (ends its write claim) into the history.
-                        let prev = kv.read_back::<u32>(kv_block(lane, t - 1), work)?;
+                        let prev = kv.read_back::<u32>(kv_block(slot, t - 1), work)?;
                         graph.set_read(3 * lanes + lane * hist + t - 1, prev)?;
                     }
-                    graph.set_write(lane, kv.write::<u32>(kv_block(lane, t))?)?;
-                    let at = (lane * hist + t) * len;
-                    graph.set_read(lanes + lane, inputs.slice(at..at + len)?)?;
-                    graph.set_write(2 * lanes + lane, kv.write::<u32>(out_block(lane, t))?)?;
+                    graph.set_write(lane, kv.write::<u32>(kv_block(slot, t))?)?;
+                    let from = (lane * hist + t) * len;
+                    graph.set_read(lanes + lane, inputs.slice(from..from + len)?)?;
+                    graph.set_write(2 * lanes + lane, kv.write::<u32>(out_block(slot, t))?)?;
                 }
                 work.launch_scoped_graph(&mut graph)?;
                 for (lane, t) in w.live(step) {
+                    let slot = at[lane];
                     if let Some(chunk) = chunks
                         .get_mut(w.download_block(lane, t))
                         .and_then(Option::take)
                     {
-                        let out = kv.read_back::<u32>(out_block(lane, t), work)?;
+                        let out = kv.read_back::<u32>(out_block(slot, t), work)?;
                         work.copy_to_host(chunk, out)?;
                     }
                     if t + 1 == w.lengths[lane] {
@@ -264,7 +272,7 @@ impl GraphEngine {
                             graph.clear_entry(3 * lanes + lane * hist + j)?;
                         }
                         if elastic {
-                            kv.retire(lane * page..(lane + 1) * page)?;
+                            kv.retire(slot..slot + page)?;
                         }
                     }
                 }
@@ -273,6 +281,9 @@ impl GraphEngine {
             Ok(())
         })?;
         let took = started.elapsed();
+        // The reserve's pages given back (a buffer without one gives back none), then the retired
+        // pages whose work has finished (all of it: the scope has waited).
+        cache.trim()?;
         cache.reclaim()?;
         if cache.retired_bytes() != 0 {
             return Err("a retired page was not released after the scope".into());
@@ -286,4 +297,30 @@ impl GraphEngine {
         }
         Ok(took)
     }
+}
+
+/// Before a run's clock starts: an elastic cache's reserve started and filled (as an engine's
+/// at start-up); a preallocated cache's page mapped at each lane's slot `at`.
+fn prepare(
+    cache: &mut VirtualBuffer,
+    elastic: bool,
+    device: Device,
+    page: usize,
+    at: &[usize],
+) -> Result {
+    if elastic {
+        cache.reserve_ahead(ReserveOptions::new(device, page, RESERVE))?;
+        let filling = Instant::now();
+        while cache.stats().reserve_pages < RESERVE as u64 {
+            if filling.elapsed() > Duration::from_secs(10) {
+                return Err("the reserve was not filled within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    } else {
+        for &slot in at {
+            cache.map_page(slot, device, page)?;
+        }
+    }
+    Ok(())
 }
