@@ -2721,6 +2721,12 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
     // and retires or is spread evenly.
     let mut growing_by_place = [0f64; DECODE_EVERY];
     let mut prealloc_by_place = [0f64; DECODE_EVERY];
+    // The first map of each run (the first after the scope's start, where the reserve's worker
+    // is woken to take the last run's retires at the scope's end), and the launches of each run's
+    // first page (steps 1..DECODE_EVERY): whether the maps' and launches' extra time sits at the
+    // run's start.
+    let mut first_map = 0f64;
+    let mut first_page = [0f64; 2];
     let mut next = 0usize;
     let reps = 400usize;
     for rep in 0..(2 * reps) {
@@ -2734,7 +2740,11 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
             next += 1;
             let a = Instant::now();
             kv.map_page(page, device, g)?;
-            t[0] += a.elapsed().as_secs_f64();
+            let took = a.elapsed().as_secs_f64();
+            t[0] += took;
+            if counting {
+                first_map += took;
+            }
             let a = Instant::now();
             let mut tokens = token_slots(&kv, page, DECODE_EVERY)?;
             t[1] += a.elapsed().as_secs_f64();
@@ -2768,6 +2778,9 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
                     if counting && let Some(at) = growing_by_place.get_mut(step % DECODE_EVERY) {
                         *at += took;
                     }
+                    if counting && step < DECODE_EVERY {
+                        first_page[0] += took;
+                    }
                 }
             }
             let a = Instant::now();
@@ -2795,6 +2808,9 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
                 t[2] += took;
                 if counting && let Some(at) = prealloc_by_place.get_mut(step % DECODE_EVERY) {
                     *at += took;
+                }
+                if counting && step < DECODE_EVERY {
+                    first_page[1] += took;
                 }
             }
             inner_end = Instant::now();
@@ -2861,6 +2877,13 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
          follows a map): growing [{}], prealloc [{}]",
         places(&growing_by_place),
         places(&prealloc_by_place)
+    );
+    println!(
+        "the run's first map: {:.2} us per run (of the map_page row); launches of the run's first \
+         page (steps 1..{DECODE_EVERY}): growing {:.2}, prealloc {:.2} us per run",
+        first_map * per,
+        first_page[0] * per,
+        first_page[1] * per
     );
     let stats = growing.stats();
     println!("{stats:?}");
