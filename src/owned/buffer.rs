@@ -464,7 +464,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
                 || table
                     .take_finished_retired(offset, end, |b| b.recyclable_as(device, size, options))
             {
-                self.shared.wake_worker_to_fill(&table);
+                self.shared.wake_worker_to_fill(&mut table);
                 return Ok(offset);
             }
             if let Some(fault) = table.take_fault() {

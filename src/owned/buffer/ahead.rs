@@ -147,7 +147,7 @@ impl Shared {
     /// wake would cost the map a system call and give the worker nothing to do; the slots are
     /// looked at only where it sleeps. Called with the lock held, as
     /// [`wake_worker`](Shared::wake_worker).
-    pub(super) fn wake_worker_to_fill(&self, table: &Table) {
+    pub(super) fn wake_worker_to_fill(&self, table: &mut Table) {
         if self.asleep.load(Ordering::Relaxed) && table.fill_pending() {
             self.work.notify_one();
         }

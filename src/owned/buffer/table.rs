@@ -48,6 +48,8 @@ use super::retiring::{EachStream, Retires, Ticket};
 mod driver;
 mod lends;
 mod reserve;
+
+use reserve::Reserve;
 #[cfg(test)]
 mod tests;
 
@@ -104,25 +106,6 @@ impl<P> Page<P> {
             Page::Ungranted(page)
         }
     }
-}
-
-/// What the reserve of a table is asked to hold, and where it stands (its transitions are in
-/// `table/reserve.rs`).
-#[derive(Default)]
-struct Reserve {
-    /// The most pages held at once (`Ready` and `Filling`); 0 where there is no reserve.
-    bound: usize,
-    /// The size of each page of the reserve (a multiple of its device's granularity).
-    size: usize,
-    /// The buffer's budget: slots lie inside `[0, budget)`.
-    budget: usize,
-    /// The end of the last page mapped: the worker fills the vacant slots after it.
-    cursor: usize,
-    /// The refusal of the last fill, kept until a map that would have used the reserve returns it.
-    /// The worker makes no page meanwhile.
-    fault: Option<Error>,
-    /// Set to stop the worker: it makes no more driver calls, and returns.
-    stopping: bool,
 }
 
 /// One range of the table: `[offset, offset + size)` and what it holds.

@@ -248,6 +248,7 @@ impl Table<Backing> {
         }
         // Back where they were: `kept` is sorted and lies inside the drained span.
         self.slots.splice(span.start..span.start, kept);
+        self.slots_removed();
         first?;
         Ok(unmapped)
     }
@@ -380,7 +381,9 @@ impl Table<Backing> {
         let page = if evicted {
             core::mem::replace(&mut slot.page, Page::Evicted)
         } else {
-            self.slots.remove(index).page
+            let removed = self.slots.remove(index).page;
+            self.slots_removed();
+            removed
         };
         bump(&mut self.stats.pages_released);
         match page {
@@ -394,6 +397,7 @@ impl Table<Backing> {
     pub(in crate::owned::buffer) fn teardown(&mut self) -> Result<(), Error> {
         let waited = self.retires.wait_all();
         let base = self.base;
+        self.slots_removed();
         let stats = &mut self.stats;
         let pages: Vec<(usize, usize, Backing, bool)> = core::mem::take(&mut self.slots)
             .into_iter()

@@ -84,6 +84,48 @@ fn a_fill_is_pending_only_where_next_fill_would_mark_a_slot() {
 }
 
 #[test]
+fn a_table_found_full_is_searched_again_only_once_a_slot_leaves_it() {
+    // Every slot of the budget holds a page: found full once, and so until a slot leaves.
+    let mut t = reserving(vec![(0, 56, Page::Live(()))], 3, 4);
+    assert_eq!(t.next_fill(), Some((56, 4)));
+    assert_eq!(t.next_fill(), Some((60, 4)));
+    t.filled(56, Fill::Ready(()));
+    t.filled(60, Fill::Ready(()));
+    assert!(!t.fill_pending(), "full, two pages under a bound of three");
+    assert!(
+        t.take_ready(56, 60, |()| true),
+        "a map takes one: still full"
+    );
+    assert!(!t.fill_pending());
+    assert_eq!(t.next_fill(), None);
+    // A page of the reserve given back (`take_reserve`, as a map of another size does): the slot
+    // is vacant again, and found.
+    assert_eq!(t.take_reserve(60, 64).len(), 1);
+    assert!(t.fill_pending(), "the slot the reserve gave back");
+    assert_eq!(t.next_fill(), Some((60, 4)));
+    t.filled(60, Fill::Ready(()));
+    assert!(!t.fill_pending(), "full again");
+    // A retired page the worker released: its slot is vacant again.
+    let retire = t.retire(56, 60, false, || Ok(())).unwrap().unwrap();
+    assert!(t.take_ready(60, 64, |()| true));
+    let taken = t.start_release(&[retire.ticket], |()| false);
+    assert_eq!(taken.len(), 1, "not of the reserve's kind: released");
+    assert!(!t.fill_pending(), "being released: not vacant yet");
+    t.released(56, Ok(false));
+    assert!(t.fill_pending(), "released: vacant");
+    assert_eq!(t.next_fill(), Some((56, 4)));
+    // A refused fill leaves its slot vacant (the fault kept until a map takes it).
+    t.filled(56, Fill::Refused(Error::ZeroSize { what: "a stand-in" }));
+    assert!(t.take_fault().is_some());
+    assert!(t.fill_pending(), "the hole the refused fill left");
+    // A new reserve searches afresh.
+    let mut full = reserving(vec![(0, 64, Page::Live(()))], 1, 4);
+    assert!(!full.fill_pending());
+    full.start_reserve(1, 4, 64);
+    assert!(!full.fill_pending(), "searched again, and full");
+}
+
+#[test]
 fn the_reserve_wraps_round_the_budget_once_and_stops_when_asked() {
     let mut t = reserving(vec![(60, 4, Page::Live(()))], 2, 4);
     assert_eq!(
