@@ -58,10 +58,10 @@
 //! `cuMemSetAccess` + `cuMemUnmap` of the same handle at the same address, with the raw calls
 //! against themselves as calibration (goal <= 1.01). Then the decode engine of
 //! `examples/decode_engine.rs`, whose step is one graph (a `GraphTable`'s upload and a 100 us
-//! `decode_step` kernel) replayed with the host at most 2 steps ahead, 8 seeded sequences whose pages
-//! are mapped as they start and retired as they end, against the same engine over a preallocated
-//! cache (every lane mapped before the run, none retired), paired, only the scopes timed (goal <=
-//! 1.02). With the argument `motion` (`cargo run --release --example bench -- motion`), only these
+//! `decode_step` kernel) replayed with the host at most 2 steps ahead, 8 seeded sequences whose
+//! pages are taken from a reserve of 4 as they start and retired as they end, against the same
+//! engine over a preallocated cache (every lane mapped before the run, none retired), paired, only
+//! the scopes timed (goal <= 1.02). With the argument `motion` (`cargo run --release --example bench -- motion`), only these
 //! rows (and the graph rows) run; with `graph`, only the decode engine's row and the graph rows;
 //! with `parts`, where the host's time goes in the host-bound elastic decode loop (a report, no
 //! goal; `parts-end` with retires at the scope's end); with `seams`, the rows of the paths other code can queue beside (the scope, the graph
@@ -3182,7 +3182,8 @@ fn graph_rows(ctx: &Context, rows: &mut Vec<Row>) -> BenchResult<()> {
 
 /// The graph launch row of [`graph_rows`]: `graph`'s replay in a scope against a raw graph of the
 /// same 64 operations on `rx`/`ry`, captured with raw calls, launched with `cuGraphLaunch` and
-/// waited for with `cuStreamSynchronize`; and the scoped graph row against the same raw replay.
+/// waited for with `cuStreamSynchronize`; and the scoped graph row (against a raw graph over its own
+/// page, and against this raw replay as a report).
 fn launch_rows(
     ctx: &Context,
     stream: &cuda_vmm::Stream,
