@@ -2,8 +2,11 @@
 //! `cuMemUnmap` of a buffer's pages is made here, once per transition, with the state change it
 //! makes ([`map`](Table::map), [`restore`](Table::restore), [`unrestore`](Table::unrestore),
 //! [`unmap`](Table::unmap), [`shrink`](Table::shrink), [`evict`](Table::evict),
-//! [`reclaim`](Table::reclaim), [`regrant`](Table::regrant), [`teardown`](Table::teardown)).
-//! Part of the table's module: the states and the driver-free transitions are in `table.rs`.
+//! [`reclaim`](Table::reclaim), [`regrant`](Table::regrant), [`teardown`](Table::teardown)),
+//! and the `cuEventQuery` of the finished retires a reserve takes
+//! ([`finished_retires`](Table::finished_retires),
+//! [`take_finished_retired`](Table::take_finished_retired)). Part of the table's module: the
+//! states and the driver-free transitions are in `table.rs`.
 
 use core::ops::Range;
 
@@ -14,7 +17,7 @@ use crate::sys;
 use crate::vmm::access::{Contexts, set_access, with_contexts};
 
 use super::super::page::{Backing, Memory, PageInfo, Piece};
-use super::super::retiring::Ticket;
+use super::super::retiring::{Retires, Ticket};
 use super::{Page, Slot, Table, bump};
 
 /// What [`Table::map_memory`] leaves: the page to put at the offset (`Live`, or `Ungranted` where
@@ -309,6 +312,35 @@ impl Table<Backing> {
     /// any.
     pub(in crate::owned::buffer) fn scope_ended(&mut self) -> bool {
         self.retires.scope_ended()
+    }
+
+    /// `cuEventQuery` — takes the pages of every retire whose events have all completed: those
+    /// that can be are recycled in place into the reserve (`Ready`, no driver call; `fits` says
+    /// which pages are of the reserve's kind), the others marked `Releasing`, for the reserve's
+    /// worker to unmap without the lock: `(offset, size, page)` each of those. See
+    /// [`start_release`](Table::start_release).
+    pub(in crate::owned::buffer) fn finished_retires(
+        &mut self,
+        fits: impl Fn(&Backing) -> bool,
+    ) -> Vec<(usize, usize, Backing)> {
+        if self.retires.is_empty() {
+            return Vec::new();
+        }
+        let tickets = self.retires.take_finished();
+        self.start_release(&tickets, fits)
+    }
+
+    /// `cuEventQuery` — a map of exactly `[offset, end)` takes the retired page there where the
+    /// reserve's worker has not recycled it in place yet but could (its retire finished, the page
+    /// of the reserve's kind and `fits` the map): see [`take_retired`](Table::take_retired).
+    /// Queries the events of that one retire only, and only where the page qualifies otherwise.
+    pub(in crate::owned::buffer) fn take_finished_retired(
+        &mut self,
+        offset: usize,
+        end: usize,
+        fits: impl Fn(&Backing) -> bool,
+    ) -> bool {
+        self.take_retired(offset, end, fits, Retires::is_finished)
     }
 
     /// `cuEventQuery`, `cuMemUnmap`, `cuMemRelease` — release the pages of every retire whose

@@ -10,35 +10,7 @@ use crate::error::Error;
 use crate::owned::pages::{Span, insertion_point};
 
 use super::super::retiring::{Retires, Ticket};
-use super::{Page, Slot, Table, bump};
-
-/// What the reserve of a table is asked to hold, and where it stands.
-#[derive(Default)]
-pub(super) struct Reserve {
-    /// The most pages held at once (`Ready` and `Filling`); 0 where there is no reserve.
-    bound: usize,
-    /// The size of each page of the reserve (a multiple of its device's granularity).
-    size: usize,
-    /// The buffer's budget: slots lie inside `[0, budget)`.
-    budget: usize,
-    /// The end of the last page mapped: the worker fills the vacant slots after it.
-    cursor: usize,
-    /// The refusal of the last fill, kept until a map that would have used the reserve returns it.
-    /// The worker makes no page meanwhile.
-    fault: Option<Error>,
-    /// Set to stop the worker: it makes no more driver calls, and returns.
-    stopping: bool,
-    /// How many times slots left the table since the reserve started: the only change that can
-    /// open a vacant slot (a slot is never made smaller).
-    removals: u64,
-    /// `removals` when a search found no vacant slot of the reserve's size: until a slot leaves
-    /// the table, none is looked for again. A map that takes a page of the reserve asks whether
-    /// the worker has a slot to fill ([`fill_pending`](Table::fill_pending)); with every slot
-    /// holding a page, the answer then costs no walk over the table (a walk that, after the
-    /// driver's launches, found the table out of the processor's caches: about 1.8 µs a map
-    /// on one H100).
-    full_at: Option<u64>,
-}
+use super::{Page, Reserve, Slot, Table, bump};
 
 /// What the worker's fill of a slot left: the page (`Ready`), a page mapped whose grant failed and
 /// whose unmap failed too (`Ungranted`, as a map leaves it), or nothing, with the refusal.
