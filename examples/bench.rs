@@ -61,11 +61,12 @@
 //! `decode_step` kernel) replayed with the host at most 2 steps ahead, 8 seeded sequences whose
 //! pages are taken from a reserve of 4 as they start and retired as they end, against the same
 //! engine over a preallocated cache (every lane mapped before the run, none retired), paired, only
-//! the scopes timed (goal <= 1.02). With the argument `motion` (`cargo run --release --example bench -- motion`), only these
-//! rows (and the graph rows) run; with `graph`, only the decode engine's row and the graph rows;
-//! with `parts`, where the host's time goes in the host-bound elastic decode loop (a report, no
-//! goal; `parts-end` with retires at the scope's end); with `seams`, the rows of the paths other code can queue beside (the scope, the graph
-//! replays, cudarc's and NCCL's scopes).
+//! the scopes timed (goal <= 1.02). With the argument `motion` (`cargo run --release --example
+//! bench -- motion`), only these rows (and the graph rows) run; with `graph`, only the decode
+//! engine's row and the graph rows; with `parts`, where the host's time goes in the host-bound
+//! elastic decode loop (a report, no goal; `parts-end` with retires at the scope's end); with
+//! `seams`, the rows of the paths other code can queue beside (the scope, the graph replays,
+//! cudarc's and NCCL's scopes).
 //!
 //! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
 //! cudarc's builder) over 1 GiB of VMM memory lent inside `cuda_vmm::interop::cudarc::scope`, the
@@ -2716,17 +2717,12 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
     let mut grow_t = [0f64; 6];
     let mut fixed_t = [0f64; 6];
     let mut spread_t = [0f64; 6];
-    // The launches by their step's place within a page (`step % DECODE_EVERY`; 0: the launch
-    // right after a map, before the retire): whether a loop's extra launch time follows the maps
-    // and retires or is spread evenly.
-    let mut growing_by_place = [0f64; DECODE_EVERY];
-    let mut prealloc_by_place = [0f64; DECODE_EVERY];
+    // Where the growing and the preallocated loop's launches take their time ([`Launches`]).
+    let (mut growing_launches, mut prealloc_launches) = (Launches::default(), Launches::default());
     // The first map of each run (the first after the scope's start, where the reserve's worker
-    // is woken to take the last run's retires at the scope's end), and the launches of each run's
-    // first page (steps 1..DECODE_EVERY): whether the maps' and launches' extra time sits at the
-    // run's start.
+    // is woken to take the last run's retires at the scope's end): whether the maps' extra time
+    // sits at the run's start.
     let mut first_map = 0f64;
-    let mut first_page = [0f64; 2];
     let mut next = 0usize;
     let reps = 400usize;
     for rep in 0..(2 * reps) {
@@ -2765,7 +2761,7 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
                     let took = a.elapsed().as_secs_f64();
                     t[2] += took;
                     if counting {
-                        growing_by_place[0] += took;
+                        growing_launches.count(step, took);
                     }
                     let a = Instant::now();
                     retire_page(&kv, old, g, at_end)?;
@@ -2775,11 +2771,8 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
                     last = decode_step(w, &kernel, &mut tokens[step % DECODE_EVERY], last, 0)?;
                     let took = a.elapsed().as_secs_f64();
                     t[2] += took;
-                    if counting && let Some(at) = growing_by_place.get_mut(step % DECODE_EVERY) {
-                        *at += took;
-                    }
-                    if counting && step < DECODE_EVERY {
-                        first_page[0] += took;
+                    if counting {
+                        growing_launches.count(step, took);
                     }
                 }
             }
@@ -2806,11 +2799,8 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
                 last = decode_step(w, &kernel, &mut tokens[slot], last, 0)?;
                 let took = a.elapsed().as_secs_f64();
                 t[2] += took;
-                if counting && let Some(at) = prealloc_by_place.get_mut(step % DECODE_EVERY) {
-                    *at += took;
-                }
-                if counting && step < DECODE_EVERY {
-                    first_page[1] += took;
+                if counting {
+                    prealloc_launches.count(step, took);
                 }
             }
             inner_end = Instant::now();
@@ -2875,15 +2865,15 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
     println!(
         "launches by step within a page (us per run, step % {DECODE_EVERY} = 0..{DECODE_EVERY}; 0 \
          follows a map): growing [{}], prealloc [{}]",
-        places(&growing_by_place),
-        places(&prealloc_by_place)
+        places(&growing_launches.by_place),
+        places(&prealloc_launches.by_place)
     );
     println!(
         "the run's first map: {:.2} us per run (of the map_page row); launches of the run's first \
          page (steps 1..{DECODE_EVERY}): growing {:.2}, prealloc {:.2} us per run",
         first_map * per,
-        first_page[0] * per,
-        first_page[1] * per
+        growing_launches.first_page * per,
+        prealloc_launches.first_page * per
     );
     let stats = growing.stats();
     println!("{stats:?}");
@@ -2891,6 +2881,29 @@ fn elastic_parts(ctx: &Context, g: usize, at_end: bool) -> BenchResult<()> {
     preallocated.free()?;
     spread.free()?;
     Ok(())
+}
+
+/// The launch times of a `bench parts` loop, summed over the counted runs: by their step's place
+/// within a page (`step % DECODE_EVERY`; 0: the launch right after a map, before the retire), to
+/// tell whether a loop's extra launch time follows the maps and retires or is spread evenly; and
+/// those of each run's first page (steps `1..DECODE_EVERY`), to tell whether it sits at the run's
+/// start.
+#[derive(Default)]
+struct Launches {
+    by_place: [f64; DECODE_EVERY],
+    first_page: f64,
+}
+
+impl Launches {
+    /// Counts the launch of step `step`, which took `took` seconds.
+    fn count(&mut self, step: usize, took: f64) {
+        if let Some(at) = self.by_place.get_mut(step % DECODE_EVERY) {
+            *at += took;
+        }
+        if step < DECODE_EVERY {
+            self.first_page += took;
+        }
+    }
 }
 
 /// Ends one run of a `bench parts` loop: its scope's end and whole time go into `t`'s last two
@@ -3198,14 +3211,8 @@ fn launch_rows(
     let (x0, y0) = (rx.as_slice().as_raw_ptr(), ry.as_slice().as_raw_ptr());
     // SAFETY: `rx` and `ry` hold the values the graph touches and outlive it (destroyed below).
     let (raw_graph, exec) = unsafe { raw_graph_of_64(ctx, raw_stream, raw_kernel, (x0, y0))? };
-    let raw_replay = || -> BenchResult<()> {
-        ctx.bind_to_thread()?;
-        // SAFETY: the instantiated raw graph, on its stream, waited for before the next launch.
-        unsafe {
-            ok(raw_graph::cuGraphLaunch(exec, raw_stream))?;
-            ok(raw::cuStreamSynchronize(raw_stream))
-        }
-    };
+    // SAFETY: the instantiated raw graph, on its stream, waited for before the next launch.
+    let raw_replay = || unsafe { replay_raw_graph(ctx, exec, raw_stream) };
     let replay = || -> BenchResult<()> {
         cuda_vmm::scope(|s| s.on(stream).launch_graph(graph))?;
         Ok(())
@@ -3213,11 +3220,8 @@ fn launch_rows(
     let (safe, raw_t, paired) = race_paired(REPS, replay, raw_replay)?;
     let (a, b, calibration) = race_paired(REPS, raw_replay, raw_replay)?;
     scoped_graph_row(ctx, raw_kernel, raw_replay, rows)?;
-    // SAFETY: the raw graph's last launch was waited for; each object destroyed once.
-    unsafe {
-        ok(raw_graph::cuGraphExecDestroy(exec))?;
-        ok(raw_graph::cuGraphDestroy(raw_graph))?;
-    }
+    // SAFETY: the raw graph's last launch was waited for; destroyed once.
+    unsafe { destroy_raw_graph(raw_graph, exec)? };
     rows.push(Row {
         name: "graph launch, raw vs raw (us)".into(),
         unit: "us",
@@ -3286,6 +3290,39 @@ unsafe fn raw_graph_of_64(
     Ok((raw_graph, exec))
 }
 
+/// `cuGraphLaunch` of `exec` on `stream`, then `cuStreamSynchronize`: one raw replay, waited for.
+///
+/// # Safety
+/// `exec` must be a live instantiated graph of `ctx`, and `stream` a live stream of `ctx`; the
+/// memory its operations touch must be mapped and granted, and used by nothing else until the
+/// replay has finished (it has when this returns `Ok`).
+unsafe fn replay_raw_graph(
+    ctx: &Context,
+    exec: *mut c_void,
+    stream: *mut c_void,
+) -> BenchResult<()> {
+    ctx.bind_to_thread()?;
+    // SAFETY: the caller's guarantee; the context is current (bound just above).
+    unsafe {
+        ok(raw_graph::cuGraphLaunch(exec, stream))?;
+        ok(raw::cuStreamSynchronize(stream))
+    }
+}
+
+/// `cuGraphExecDestroy` of `exec`, then `cuGraphDestroy` of `graph`: the pair
+/// [`raw_graph_of_64`] made.
+///
+/// # Safety
+/// Both must be live, made together, with no launch of `exec` still running; each is destroyed
+/// once.
+unsafe fn destroy_raw_graph(graph: *mut c_void, exec: *mut c_void) -> BenchResult<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        ok(raw_graph::cuGraphExecDestroy(exec))?;
+        ok(raw_graph::cuGraphDestroy(graph))
+    }
+}
+
 /// The scoped graph row: the same 64 operations captured over one page of a `VirtualBuffer`,
 /// parked and bound to one long scope over the buffer lent to it (`ParkedGraph::in_scope`), each
 /// replay admitting its range (`launch_scoped_graph`; the memsets and kernels write 256 KiB of the
@@ -3337,15 +3374,9 @@ fn scoped_graph_row(
     // each waited for before the next.
     let (page_graph, page_exec) =
         unsafe { raw_graph_of_64(ctx, raw_stream, raw_kernel, (x0, y0))? };
-    let raw_page_replay = || -> BenchResult<()> {
-        ctx.bind_to_thread()?;
-        // SAFETY: the instantiated raw graph over the page, on its stream, waited for before the
-        // next launch (of it or of the scoped graph).
-        unsafe {
-            ok(raw_graph::cuGraphLaunch(page_exec, raw_stream))?;
-            ok(raw::cuStreamSynchronize(raw_stream))
-        }
-    };
+    // SAFETY: the instantiated raw graph over the page, on its stream, waited for before the next
+    // launch (of it or of the scoped graph).
+    let raw_page_replay = || unsafe { replay_raw_graph(ctx, page_exec, raw_stream) };
     let mut timed = None;
     let scoped = cuda_vmm::scope(|s| {
         let work = s.on(&stream);
@@ -3361,11 +3392,8 @@ fn scoped_graph_row(
         timed = Some((same_page, other_memory));
         Ok(())
     });
-    // SAFETY: every launch of the raw graph was waited for; each object destroyed once.
-    unsafe {
-        ok(raw_graph::cuGraphExecDestroy(page_exec))?;
-        ok(raw_graph::cuGraphDestroy(page_graph))?;
-    }
+    // SAFETY: every launch of the raw graph was waited for; destroyed once.
+    unsafe { destroy_raw_graph(page_graph, page_exec)? };
     scoped?;
     let (same_page, other_memory) = timed.ok_or("the scoped graph row did not run")?;
     let (safe, raw_t, paired) = same_page?;

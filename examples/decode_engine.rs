@@ -2,16 +2,18 @@
 //! elastic cache, in one `cuda_vmm::scope`: N sequences of random (seeded) lengths and start steps,
 //! each step appending one token's K/V for every live sequence and reading its whole history
 //! through a graph table (`GraphTable`), with pages taken as sequences start (`grow`, from a
-//! reserve of 4 pages a worker thread keeps mapped ahead) and retired as they end between replays. The graph holds the table's upload and the step's kernel (`decode_step`,
-//! a stand-in for paged attention: it appends the new token's K/V through the table and sums the
-//! history into the sequence's output block); every replay admits and counts the table's entries
-//! as lends, so a page is released only after the replays that may reach it. The host stays at
-//! most two steps ahead (an event per step) and otherwise never waits; nothing is captured again.
+//! reserve of 4 pages a worker thread keeps mapped ahead) and retired as they end between replays.
+//! The graph holds the table's upload and the step's kernel (`decode_step`, a stand-in for paged
+//! attention: it appends the new token's K/V through the table and sums the history into the
+//! sequence's output block); every replay admits and counts the table's entries as lends, so a page
+//! is released only after the replays that may reach it. The host stays at most two steps ahead (an
+//! event per step) and otherwise never waits; nothing is captured again.
 //!
 //! Checked: every output block of every step against a CPU reference, and free device memory back
-//! to the byte once every sequence has ended and the reserve is trimmed. Printed: the time per step of the elastic engine
-//! against the same engine over a preallocated cache (every lane mapped before the run, none
-//! retired), paired in one run (the two alternate, ABAB), with the ratio of the medians.
+//! to the byte once every sequence has ended and the reserve is trimmed. Printed: the time per step
+//! of the elastic engine against the same engine over a preallocated cache (every lane mapped
+//! before the run, none retired), paired in one run (the two alternate, ABAB), with the ratio of
+//! the medians.
 //!
 //! Run with `./with-libcuda cargo run --release --example decode_engine`.
 

@@ -2,13 +2,14 @@
 //! every step over an elastic cache: shared by `examples/decode_engine.rs` and the bench's decode
 //! rows (`examples/bench.rs`, `motion`).
 //!
-//! Each sequence owns one lane: a page of the cache (its K/V blocks, then its output blocks),
-//! taken when it starts (`grow`, from a reserve of [`RESERVE`] pages that a worker thread keeps
-//! mapped ahead, so the launch thread makes no VMM call) and retired when it ends (elastic), or
-//! mapped before the run at the lane's own slot and kept (preallocated). Each step sets, for every live sequence, the graph table's entries (the K/V
-//! block the step appends, the new token's K/V, the output block, and the history read back),
-//! then replays the graph: the table's upload and `decode_step` (`kernels/decode_step.ptx`). The
-//! host stays at most two steps ahead (an event per step).
+//! Each sequence owns one lane: a page of the cache (its K/V blocks, then its output blocks), taken
+//! when it starts (`grow`, from a reserve of [`RESERVE`] pages that a worker thread keeps mapped
+//! ahead, so the launch thread makes no VMM call) and retired when it ends (elastic), or mapped
+//! before the run at the lane's own slot and kept (preallocated). Each step sets, for every live
+//! sequence, the graph table's entries (the K/V block the step appends, the new token's K/V, the
+//! output block, and the history read back), then replays the graph: the table's upload and
+//! `decode_step` (`kernels/decode_step.ptx`). The host stays at most two steps ahead (an event per
+//! step).
 
 use std::error::Error;
 use std::ffi::CString;
