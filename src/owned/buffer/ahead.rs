@@ -96,11 +96,11 @@ pub(super) struct Shared {
     table: Mutex<Table>,
     done: Condvar,
     work: Condvar,
-    /// Whether the worker sleeps on `work` for long ([`IDLE`]; while retires wait it sleeps
-    /// a short poll only, and looks again by itself): set and cleared by the worker
-    /// under the lock, read under the lock by [`wake_worker`](Shared::wake_worker), so that a
-    /// thread that found work for it makes the wake-up call (a system call) only where it would
-    /// otherwise wait long.
+    /// Whether the worker sleeps on `work` for long ([`IDLE`]; while retires wait, and for a
+    /// while after, it sleeps a short poll only, and looks again by itself): set and cleared by
+    /// the worker under the lock, read under the lock by [`wake_worker`](Shared::wake_worker), so
+    /// that a thread that found work for it makes the wake-up call (a system call) only where it
+    /// would otherwise wait long.
     asleep: AtomicBool,
 }
 

@@ -50,6 +50,14 @@ use super::{BUDGET, VirtualBuffer};
 /// some wait.
 const POLL: Duration = Duration::from_micros(100);
 
+/// How many rounds of [`POLL`] the worker goes on looking by itself once no retire waits, before
+/// it sleeps until woken ([`IDLE`]). A retire wakes a worker that sleeps long, and the wake is a
+/// system call on the retiring thread, with the worker's first look at the new events (not yet
+/// completed, as a rule) right behind it: a loop that retires a page every few steps finds the
+/// worker still looking, and its retires make no call beyond their events. The cost: a worker that
+/// wakes every 100 us for 1.6 ms after the last retire, and takes the table's lock each time.
+const LINGER: u32 = 16;
+
 impl<M: AccessMode> VirtualBuffer<M> {
     /// Starts a reserve: a worker thread, owned by the buffer, keeps up to
     /// [`options.pages()`](ReserveOptions::pages) pages created, mapped and granted ahead of need
@@ -219,16 +227,21 @@ struct Job {
 impl Job {
     /// The worker's loop: release the retired pages whose events have completed, fill the next
     /// slot while the reserve is under its bound, else sleep until woken (polling the retires'
-    /// events while some wait). Returns once asked to stop.
+    /// events while some wait, and [`LINGER`] rounds after). Returns once asked to stop.
     fn run(mut self) {
         // The worker's calls must neither be refused by another thread's capture in `GLOBAL` mode
         // nor invalidate it: this thread runs nothing but them.
         crate::wait::relax_this_thread();
         let shared = Arc::clone(&self.shared);
         let mut table = shared.lock();
+        // Rounds since a retire last waited: none yet, so the worker sleeps long until woken.
+        let mut quiet = LINGER;
         loop {
             if table.stopping() {
                 return;
+            }
+            if table.has_retires() {
+                quiet = 0;
             }
             let releasing = table.finished_retires(|backing| self.fits_in_place(backing));
             // The slots to fill in this round: one per page released, up to the room the bound
@@ -241,7 +254,8 @@ impl Job {
                 }
             }
             if releasing.is_empty() && slots.is_empty() {
-                let wait = if table.has_retires() { POLL } else { IDLE };
+                let wait = if quiet < LINGER { POLL } else { IDLE };
+                quiet = quiet.saturating_add(1);
                 table = shared.sleep(table, wait);
                 continue;
             }
