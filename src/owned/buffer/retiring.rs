@@ -2,6 +2,15 @@
 //! [`Ticket`] (which its pages carry in the page table), the events recorded after the work it
 //! waits for, and host memory that work reads. The page table asks which have finished and
 //! releases their pages; nothing here touches a page.
+//!
+//! The events are shared (`Arc`), so that the reserve's worker can query them without the table's
+//! lock: it takes clones under the lock ([`Retires::queries`]), queries them without it
+//! ([`finished`]), and takes the retires found finished under the lock again
+//! ([`Retires::take`]). A clone keeps its event alive, and an event is kept for a later retire
+//! only while no clone of it is held, so no event is recorded again while a query of the old
+//! record may still read it.
+
+use std::sync::Arc;
 
 use crate::device::Context;
 use crate::error::{Error, first_error};
@@ -26,7 +35,7 @@ const SPARE_EVENTS: usize = 64;
 /// with it.
 struct Retiring {
     ticket: Ticket,
-    events: Vec<Event>,
+    events: Vec<Arc<Event>>,
     /// The stream each event of `events` was recorded on, in the same order; empty where the
     /// streams are not known (each event is then queried).
     streams: Vec<StreamId>,
@@ -41,7 +50,9 @@ struct Retiring {
 #[derive(Default)]
 pub(super) struct Retires {
     waiting: Vec<Retiring>,
-    spare_events: Vec<Event>,
+    /// Each held here alone (no clone of it lives): clones are made only of the events of retires
+    /// that wait, and only under the table's lock, as this list is changed.
+    spare_events: Vec<Arc<Event>>,
     /// The last ticket given.
     tickets: u64,
     /// How many retires of `waiting` wait for the scope's end.
@@ -110,7 +121,7 @@ impl Retires {
         let result = each(&mut |stream| {
             let event = match spare.iter().position(|e| e.device() == stream.device()) {
                 Some(index) => spare.swap_remove(index),
-                None => Event::new(stream.context())?,
+                None => Arc::new(Event::new(stream.context())?),
             };
             *recorded = recorded.saturating_add(1);
             stream.record(&event)?;
@@ -147,7 +158,7 @@ impl Retires {
         let ticket = self.ticket();
         self.waiting.push(Retiring {
             ticket,
-            events: vec![done],
+            events: vec![Arc::new(done)],
             streams: Vec::new(),
             host: Some(host),
             until_scope_end: false,
@@ -157,10 +168,12 @@ impl Retires {
     /// A spare event of `context`'s device, or a new one.
     pub(super) fn spare_event(&mut self, context: &Context) -> Result<Event, Error> {
         let device = context.device();
-        match self.spare_events.iter().position(|e| e.device() == device) {
-            Some(index) => Ok(self.spare_events.swap_remove(index)),
-            None => Event::new(context),
-        }
+        let spare = match self.spare_events.iter().position(|e| e.device() == device) {
+            Some(index) => Arc::try_unwrap(self.spare_events.swap_remove(index)).ok(),
+            None => None,
+        };
+        // A spare event is held here alone, so it unwraps; were it not, a new one is made.
+        spare.map_or_else(|| Event::new(context), Ok)
     }
 
     /// `cuEventQuery` — takes every retire whose events have all completed (a retire at the
@@ -175,15 +188,40 @@ impl Retires {
     /// next pass. Skipping a query only ever leaves a retire waiting, never takes one: the
     /// ordering is a saving, not a proof anything rests on.
     pub(super) fn take_finished(&mut self) -> Vec<Ticket> {
+        let done = finished_of(
+            self.waiting
+                .iter()
+                .filter(|r| !r.until_scope_end)
+                .map(|r| (r.ticket, r.events.as_slice(), r.streams.as_slice())),
+        );
+        self.take(&done)
+    }
+
+    /// The events of every retire that waits for them, cloned, oldest first (none for a retire at
+    /// the scope's end): what [`finished`] queries without the table's lock.
+    pub(super) fn queries(&self) -> Vec<Query> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        self.waiting
+            .iter()
+            .filter(|r| !r.until_scope_end)
+            .map(|r| Query {
+                ticket: r.ticket,
+                events: r.events.clone(),
+                streams: r.streams.clone(),
+            })
+            .collect()
+    }
+
+    /// Takes the retires of `done` (found finished: every event completed) that still wait here:
+    /// their tickets, oldest first. Their host memory is freed, and their events kept for later
+    /// retires where no clone of them is held (else dropped: the last clone destroys the event).
+    pub(super) fn take(&mut self, done: &[Ticket]) -> Vec<Ticket> {
         let mut finished = Vec::new();
-        let mut running: Vec<StreamId> = Vec::new();
         let mut index = 0usize;
         while let Some(retire) = self.waiting.get(index) {
-            let done = !retire.until_scope_end
-                && all_complete(&retire.events, &retire.streams, &mut running, |event| {
-                    event.is_complete().unwrap_or(false)
-                });
-            if !done {
+            if retire.until_scope_end || !done.contains(&retire.ticket) {
                 index = index.saturating_add(1);
                 continue;
             }
@@ -192,8 +230,13 @@ impl Retires {
             // Host memory that the finished work read (a restore's source) is freed now.
             drop(retire.host);
             let room = SPARE_EVENTS.saturating_sub(self.spare_events.len());
-            self.spare_events
-                .extend(retire.events.into_iter().take(room));
+            self.spare_events.extend(
+                retire
+                    .events
+                    .into_iter()
+                    .filter(|e| Arc::strong_count(e) == 1)
+                    .take(room),
+            );
         }
         finished
     }
@@ -222,9 +265,44 @@ impl Retires {
             waiting
                 .iter()
                 .flat_map(|retire| retire.events.iter())
-                .map(Event::synchronize),
+                .map(|event| event.synchronize()),
         )
     }
+}
+
+/// The events of one retire that waits, cloned under the table's lock ([`Retires::queries`]),
+/// queried without it ([`finished`]).
+pub(super) struct Query {
+    ticket: Ticket,
+    events: Vec<Arc<Event>>,
+    streams: Vec<StreamId>,
+}
+
+/// `cuEventQuery` — the tickets of `queries` whose events have all completed, oldest first, with
+/// the one-query-per-running-stream pass of [`Retires::take_finished`]. No lock is needed: the
+/// clones keep the events alive, and an event that waits is never recorded again.
+pub(super) fn finished(queries: &[Query]) -> Vec<Ticket> {
+    finished_of(
+        queries
+            .iter()
+            .map(|q| (q.ticket, q.events.as_slice(), q.streams.as_slice())),
+    )
+}
+
+/// The tickets of the retires (ticket, events, their streams; oldest first) whose events have all
+/// completed, querying as [`all_complete`] says.
+fn finished_of<'a>(
+    retires: impl Iterator<Item = (Ticket, &'a [Arc<Event>], &'a [StreamId])>,
+) -> Vec<Ticket> {
+    let mut running: Vec<StreamId> = Vec::new();
+    retires
+        .filter(|(_, events, streams)| {
+            all_complete(events, streams, &mut running, |event| {
+                event.is_complete().unwrap_or(false)
+            })
+        })
+        .map(|(ticket, _, _)| ticket)
+        .collect()
 }
 
 /// Whether every event of a retire (`events`, recorded on `streams` in the same order, or on
@@ -302,6 +380,34 @@ mod tests {
         assert!(retires.take_finished().is_empty());
         assert!(retires.wait_all().is_ok(), "the drop: nothing to wait for");
         assert!(!retires.scope_ended(), "the drop forgot it");
+    }
+
+    #[test]
+    fn the_workers_queries_take_only_the_retires_still_waiting_oldest_first() {
+        let mut retires = Retires::default();
+        let (first, second, third) = (retires.ticket(), retires.ticket(), retires.ticket());
+        for ticket in [first, second, third] {
+            retires.defer(ticket);
+        }
+        // Before the scope's end nothing is queried, and nothing is taken, also when named.
+        assert!(retires.queries().is_empty());
+        assert!(retires.take(&[first]).is_empty());
+        assert!(retires.scope_ended());
+        let queries = retires.queries();
+        assert_eq!(
+            finished(&queries),
+            [first, second, third],
+            "no event: finished"
+        );
+        // Taken oldest first, whatever the order named; a ticket taken meanwhile is not again.
+        assert_eq!(retires.take(&[third, first]), [first, third]);
+        assert!(retires.take(&[first]).is_empty());
+        assert_eq!(retires.take_finished(), [second]);
+        assert!(retires.is_empty());
+        // A later scope's retire named by a stale query is not taken before its scope's end.
+        let fourth = retires.ticket();
+        retires.defer(fourth);
+        assert!(retires.take(&[fourth]).is_empty());
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! makes ([`map`](Table::map), [`restore`](Table::restore), [`unrestore`](Table::unrestore),
 //! [`unmap`](Table::unmap), [`shrink`](Table::shrink), [`evict`](Table::evict),
 //! [`reclaim`](Table::reclaim), [`regrant`](Table::regrant), [`teardown`](Table::teardown)),
-//! and the `cuEventQuery` of the finished retires a reserve takes
-//! ([`finished_retires`](Table::finished_retires),
-//! [`take_finished_retired`](Table::take_finished_retired)). Part of the table's module: the
-//! states and the driver-free transitions are in `table.rs`.
+//! and the `cuEventQuery` of a finished retire a map takes
+//! ([`take_finished_retired`](Table::take_finished_retired); the reserve's worker queries its
+//! retires without the lock, and hands the finished ones to
+//! [`release_finished`](Table::release_finished)). Part of the table's module: the states and
+//! the driver-free transitions are in `table.rs`.
 
 use core::ops::Range;
 
@@ -312,22 +313,6 @@ impl Table<Backing> {
     /// any.
     pub(in crate::owned::buffer) fn scope_ended(&mut self) -> bool {
         self.retires.scope_ended()
-    }
-
-    /// `cuEventQuery` — takes the pages of every retire whose events have all completed: those
-    /// that can be are recycled in place into the reserve (`Ready`, no driver call; `fits` says
-    /// which pages are of the reserve's kind), the others marked `Releasing`, for the reserve's
-    /// worker to unmap without the lock: `(offset, size, page)` each of those. See
-    /// [`start_release`](Table::start_release).
-    pub(in crate::owned::buffer) fn finished_retires(
-        &mut self,
-        fits: impl Fn(&Backing) -> bool,
-    ) -> Vec<(usize, usize, Backing)> {
-        if self.retires.is_empty() {
-            return Vec::new();
-        }
-        let tickets = self.retires.take_finished();
-        self.start_release(&tickets, fits)
     }
 
     /// `cuEventQuery` — a map of exactly `[offset, end)` takes the retired page there where the

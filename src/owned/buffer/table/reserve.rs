@@ -9,7 +9,7 @@
 use crate::error::Error;
 use crate::owned::pages::{Span, insertion_point};
 
-use super::super::retiring::{Retires, Ticket};
+use super::super::retiring::{Query, Retires, Ticket};
 use super::{Page, Reserve, Slot, Table, bump};
 
 /// What the worker's fill of a slot left: the page (`Ready`), a page mapped whose grant failed and
@@ -296,6 +296,26 @@ impl<P> Table<P> {
             }
         }
         taken
+    }
+
+    /// The events of the retires that wait, cloned, for the reserve's worker to query without
+    /// the lock ([`retiring::finished`](super::super::retiring::finished)); no driver call.
+    pub(in crate::owned::buffer) fn retire_queries(&self) -> Vec<Query> {
+        self.retires.queries()
+    }
+
+    /// Takes the pages of the retires `done`, which the worker's queries found finished (those
+    /// still waiting: a map or a `reclaim` may have taken some meanwhile): those that can be are
+    /// recycled in place into the reserve (`Ready`; `fits` says which pages are of the reserve's
+    /// kind), the others marked `Releasing`, for the worker to unmap without the lock:
+    /// `(offset, size, page)` each of those. See [`start_release`](Table::start_release).
+    pub(in crate::owned::buffer) fn release_finished(
+        &mut self,
+        done: &[Ticket],
+        fits: impl Fn(&P) -> bool,
+    ) -> Vec<(usize, usize, P)> {
+        let tickets = self.retires.take(done);
+        self.start_release(&tickets, fits)
     }
 
     /// Takes the pages of the finished retires `tickets` (every event of theirs completed) out of
