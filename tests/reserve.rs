@@ -3,8 +3,9 @@
 //! retiring at once), never reachable by a view, given back by `trim` and the drop with free device
 //! memory exact to the byte; a refill the worker fails surfaces as the error of the next grow, with
 //! no page lost; retired pages are released (or their memory recycled into the reserve, or the
-//! page recycled in place with no driver call at all) by the worker, with no call of the caller. Free memory is compared, so the tests here take a lock, and
-//! nothing else runs in this process.
+//! page recycled in place with no driver call at all) by the worker, with no call of the caller,
+//! and each once where a map races the worker for it. Free memory is compared, so the tests here
+//! take a lock, and nothing else runs in this process.
 
 mod common;
 
@@ -636,6 +637,81 @@ fn a_map_right_after_a_retire_of_its_range_takes_the_page_in_place() {
         u64::from(rounds)
     );
     assert!(balanced(&stats), "{stats:?}");
+    drop(kv);
+    assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
+}
+
+/// A scope's loop that writes a page on a stream, retires it behind that write, and maps the same
+/// range at once, again and again: each map is refused while the retire's work runs, and tried
+/// again until the page is taken in place, either by the map itself (a `cuEventQuery` under the
+/// lock) or from the reserve, where the worker recycled it first (its queries run without the
+/// lock, on clones of the same events). However the two meet, each retired page is taken once:
+/// every map takes the same memory (no VMM call after the first fill, the bytes of the last
+/// write still there), the counts balance, and the drop gives back every byte.
+#[test]
+fn maps_racing_the_workers_queries_take_each_retired_page_once() {
+    let _serial = serial();
+    let test = "maps_racing_the_workers_queries_take_each_retired_page_once";
+    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let free_start = free(&ctx);
+    let mut kv = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
+    kv.reserve_ahead(ReserveOptions::new(device, g, 1)).unwrap();
+    wait_for(&kv, "the page made ahead", |s| s.reserve_pages == 1);
+    assert_eq!(kv.grow(device, g).unwrap(), 0);
+    let before = kv.stats();
+    let rounds = 2000u32;
+    let mut refused = 0u64;
+    cuda_vmm::scope(|s| {
+        let work = s.on(&stream);
+        let kv = kv.in_scope(s);
+        for round in 0..rounds {
+            let mut page = kv.write::<u32>(..g)?;
+            work.memset(&mut page, round as u8)?;
+            assert_eq!(kv.retire(..g)?, 1, "round {round}");
+            let start = Instant::now();
+            loop {
+                match kv.map_page(0, device, g) {
+                    Ok(()) => break,
+                    Err(Error::PageRange { .. }) => refused += 1,
+                    Err(e) => panic!("round {round}: the map failed: {e}"),
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "round {round}: the retired page was never taken"
+                );
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    let stats = kv.stats();
+    println!("{rounds} rounds, {refused} maps refused while a retire's work ran; {stats:?}");
+    assert_eq!(
+        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
+        (
+            before.map_calls,
+            before.unmap_calls,
+            before.set_access_calls
+        ),
+        "a VMM call: {stats:?}"
+    );
+    assert_eq!(
+        stats.reserve_recycled_in_place - before.reserve_recycled_in_place,
+        u64::from(rounds),
+        "every retired page taken in place once: {stats:?}"
+    );
+    assert_eq!(stats.pages_mapped - before.pages_mapped, u64::from(rounds));
+    assert!(balanced(&stats), "{stats:?}");
+    let last = (rounds - 1) as u8;
+    let bytes = kv.slice_bytes::<u32>(..g).unwrap().to_vec().unwrap();
+    assert!(
+        bytes.iter().all(|&v| v == u32::from_ne_bytes([last; 4])),
+        "the page mapped last is not the memory written last"
+    );
     drop(kv);
     assert_eq!(free(&ctx), free_start, "the drop gave back every byte");
 }
