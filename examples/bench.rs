@@ -64,10 +64,10 @@
 //! the scopes timed (goal <= 1.02). With the argument `motion` (`cargo run --release --example
 //! bench -- motion`), only these rows (and the graph rows) run; with `graph`, only the decode
 //! engine's row and the graph rows; with `elastic`, only the decode rows with a reserve and the
-//! shared page's rows; with `parts`, where the host's time goes in the host-bound
-//! elastic decode loop (a report, no goal; `parts-end` with retires at the scope's end); with
-//! `seams`, the rows of the paths other code can queue beside (the scope, the graph replays,
-//! cudarc's and NCCL's scopes).
+//! shared page's rows; with `shared`, the shared page's rows alone; with `parts`, where the host's
+//! time goes in the host-bound elastic decode loop (a report, no goal; `parts-end` with retires
+//! at the scope's end); with `seams`, the rows of the paths other code can queue beside (the
+//! scope, the graph replays, cudarc's and NCCL's scopes).
 //!
 //! With the `cudarc` feature (`--features cudarc`), on GPU 0: a kernel (NVRTC-compiled, launched with
 //! cudarc's builder) over 1 GiB of VMM memory lent inside `cuda_vmm::interop::cudarc::scope`, the
@@ -406,8 +406,8 @@ fn run() -> BenchResult<()> {
     report(&device.name()?, devices.len(), &rows, &not_run)
 }
 
-/// The modes that run a few rows (`bench motion`, `graph`, `elastic`, `parts`, `seams`, `nccl`):
-/// whether `mode` named one (and it ran), else the whole bench runs.
+/// The modes that run a few rows (`bench motion`, `graph`, `elastic`, `shared`, `parts`, `seams`,
+/// `nccl`): whether `mode` named one (and it ran), else the whole bench runs.
 fn run_mode(mode: &str, contexts: &[Context], g: usize) -> BenchResult<bool> {
     let ctx = contexts.first().ok_or("no device")?;
     let device = ctx.device();
@@ -433,6 +433,12 @@ fn run_mode(mode: &str, contexts: &[Context], g: usize) -> BenchResult<bool> {
     // reserve, and the second mapping of a shared page.
     if mode == "elastic" {
         elastic_rows(ctx, g, &mut rows)?;
+        report(&device.name()?, contexts.len(), &rows, &[])?;
+        return Ok(true);
+    }
+    // The shared page's rows alone (`bench shared`).
+    if mode == "shared" {
+        shared_map_rows(ctx, g, &mut rows)?;
         report(&device.name()?, contexts.len(), &rows, &[])?;
         return Ok(true);
     }
