@@ -56,7 +56,8 @@
 //! same goals); and a second
 //! mapping of a shared page (`VirtualBuffer::map_shared` + `unmap`) against `cuMemMap` +
 //! `cuMemSetAccess` + `cuMemUnmap` of the same handle at the same address, with the raw calls
-//! against themselves as calibration (goal <= 1.01). Then the decode engine of
+//! against themselves as calibration, the pairs in ABBA order and again in a random order (goal
+//! <= 1.01 in the random order, whose calibration reads 1 within 0.1 %). Then the decode engine of
 //! `examples/decode_engine.rs`, whose step is one graph (a `GraphTable`'s upload and a 100 us
 //! `decode_step` kernel) replayed with the host at most 2 steps ahead, 8 seeded sequences whose
 //! pages are taken from a reserve of 4 as they start and retired as they end, against the same
@@ -3129,7 +3130,8 @@ fn decode_step<'scope>(
 /// A second mapping of a shared page of `g` bytes (the first, read-only in another buffer, stays
 /// for the whole row): `VirtualBuffer::map_shared` and `unmap` (`cuMemMap`, `cuMemSetAccess`,
 /// `cuMemUnmap`; the share is dropped, the memory stays) against the same raw calls with the same
-/// handle at the same address; and the raw calls against themselves (calibration).
+/// handle at the same address; and the raw calls against themselves (calibration). Both pairs are
+/// timed twice: in ABBA order (a report) and with each pair's order drawn at random (the goal).
 fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> {
     let device = ctx.device();
     let memory = PhysicalAllocation::new(device, g)?;
@@ -3183,10 +3185,11 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
         safe: safe_t * 1e6,
         raw: raw_t * 1e6,
         paired: Some(paired),
-        goal: "safe/raw <= 1.01",
+        goal: "report: ABBA, biased here (its calibration above)",
     });
-    // The same two, each pair's order drawn at random ([`race_paired_shuffled`]): a report beside
-    // the rows above, to tell the driver's cycles apart from the crate's cost.
+    // The same two, each pair's order drawn at random ([`race_paired_shuffled`]), which carry the
+    // goal: on one H100 on 2026-12-06 the raw calls read 0.9995 to 1.0007 against themselves so
+    // in 17 runs, and 0.9893 to 1.0107 in ABBA in the same runs.
     let (a, b, calibration) = race_paired_shuffled(5000, raw, raw, 0x5eed_0033)?;
     rows.push(Row {
         name: format!(
@@ -3211,7 +3214,7 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
         safe: safe_t * 1e6,
         raw: raw_t * 1e6,
         paired: Some(paired),
-        goal: "report: the row above, in a random order",
+        goal: "safe/raw <= 1.01",
     });
     second.free()?;
     first.free()?;
