@@ -165,8 +165,8 @@ fn race_paired(
     safe: impl FnMut() -> BenchResult<()>,
     raw: impl FnMut() -> BenchResult<()>,
 ) -> BenchResult<(f64, f64, f64)> {
-    let (s, r) = race_samples(reps, safe, raw)?;
-    let ratios = s.iter().zip(&r).map(|(a, b)| a / b).collect();
+    let (s, r) = race_samples(reps, safe, raw, None)?;
+    let ratios = paired_ratios(&s, &r);
     Ok((median(s), median(r), median(ratios)))
 }
 
@@ -178,20 +178,10 @@ fn race_paired_excess(
     safe: impl FnMut() -> BenchResult<()>,
     raw: impl FnMut() -> BenchResult<()>,
 ) -> BenchResult<(f64, f64, f64, f64)> {
-    let (s, r) = race_samples(reps, safe, raw)?;
-    let ratios = s.iter().zip(&r).map(|(a, b)| a / b).collect();
+    let (s, r) = race_samples(reps, safe, raw, None)?;
+    let ratios = paired_ratios(&s, &r);
     let excess = s.iter().zip(&r).map(|(a, b)| a - b).collect();
     Ok((median(s), median(r), median(ratios), median(excess)))
-}
-
-/// The seconds of each of `reps` repetitions of `safe` and of `raw`, run in pairs, in ABBA order
-/// (after one untimed run of each).
-fn race_samples(
-    reps: usize,
-    safe: impl FnMut() -> BenchResult<()>,
-    raw: impl FnMut() -> BenchResult<()>,
-) -> BenchResult<(Vec<f64>, Vec<f64>)> {
-    race_samples_in(reps, safe, raw, None)
 }
 
 /// As [`race_paired`], each pair's order (safe or raw first) drawn from a pseudo-random sequence
@@ -204,14 +194,20 @@ fn race_paired_shuffled(
     raw: impl FnMut() -> BenchResult<()>,
     seed: u64,
 ) -> BenchResult<(f64, f64, f64)> {
-    let (s, r) = race_samples_in(reps, safe, raw, Some(seed))?;
-    let ratios = s.iter().zip(&r).map(|(a, b)| a / b).collect();
+    let (s, r) = race_samples(reps, safe, raw, Some(seed))?;
+    let ratios = paired_ratios(&s, &r);
     Ok((median(s), median(r), median(ratios)))
 }
 
-/// [`race_samples`], in ABBA order (`seed` `None`) or in an order drawn with `seed`
+/// The ratio `safe / raw` of each pair.
+fn paired_ratios(safe: &[f64], raw: &[f64]) -> Vec<f64> {
+    safe.iter().zip(raw).map(|(a, b)| a / b).collect()
+}
+
+/// The seconds of each of `reps` repetitions of `safe` and of `raw`, run in pairs (after one
+/// untimed run of each), in ABBA order (`seed` `None`) or in an order drawn with `seed`
 /// (xorshift64).
-fn race_samples_in(
+fn race_samples(
     reps: usize,
     mut safe: impl FnMut() -> BenchResult<()>,
     mut raw: impl FnMut() -> BenchResult<()>,
@@ -2277,7 +2273,7 @@ fn race_paired_parts(
             s.push(safe()?);
         }
     }
-    let ratios = s.iter().zip(&r).map(|(a, b)| a / b).collect();
+    let ratios = paired_ratios(&s, &r);
     Ok((median(s), median(r), median(ratios)))
 }
 
@@ -3162,60 +3158,48 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
     };
     let mut raw_warm = raw;
     warm_up(0.2, &mut safe, &mut raw_warm)?;
-    let (a, b, calibration) = race_paired(5000, raw, raw)?;
-    rows.push(Row {
-        name: format!(
-            "second mapping of a shared {} MiB page, raw vs raw (calibration) (us)",
-            g >> 20
-        ),
+    // Each row in microseconds, from the seconds `race_paired` or `race_paired_shuffled` gave.
+    let us_row = |name: String, (safe, raw, paired): (f64, f64, f64), goal| Row {
+        name,
         unit: "us",
-        safe: a * 1e6,
-        raw: b * 1e6,
-        paired: Some(calibration),
-        goal: "calibration: ~1",
-    });
-    let (safe_t, raw_t, paired) = race_paired(5000, &mut safe, raw)?;
-    rows.push(Row {
-        name: format!(
-            "second mapping of a shared {} MiB page: VirtualBuffer::map_shared + unmap vs \
-             cuMemMap + cuMemSetAccess + cuMemUnmap of the same handle (us)",
-            g >> 20
-        ),
-        unit: "us",
-        safe: safe_t * 1e6,
-        raw: raw_t * 1e6,
+        safe: safe * 1e6,
+        raw: raw * 1e6,
         paired: Some(paired),
-        goal: "report: ABBA, biased here (its calibration above)",
-    });
+        goal,
+    };
+    let mib = g >> 20;
+    rows.push(us_row(
+        format!("second mapping of a shared {mib} MiB page, raw vs raw (calibration) (us)"),
+        race_paired(5000, raw, raw)?,
+        "calibration: ~1",
+    ));
+    rows.push(us_row(
+        format!(
+            "second mapping of a shared {mib} MiB page: VirtualBuffer::map_shared + unmap vs \
+             cuMemMap + cuMemSetAccess + cuMemUnmap of the same handle (us)"
+        ),
+        race_paired(5000, &mut safe, raw)?,
+        "report: ABBA, biased here (its calibration above)",
+    ));
     // The same two, each pair's order drawn at random ([`race_paired_shuffled`]), which carry the
     // goal: on one H100 on 2026-12-06 the raw calls read 0.9995 to 1.0007 against themselves so
     // in 17 runs, and 0.9893 to 1.0107 in ABBA in the same runs.
-    let (a, b, calibration) = race_paired_shuffled(5000, raw, raw, 0x5eed_0033)?;
-    rows.push(Row {
-        name: format!(
-            "second mapping of a shared {} MiB page, raw vs raw, pairs in a random order \
-             (calibration) (us)",
-            g >> 20
+    rows.push(us_row(
+        format!(
+            "second mapping of a shared {mib} MiB page, raw vs raw, pairs in a random order \
+             (calibration) (us)"
         ),
-        unit: "us",
-        safe: a * 1e6,
-        raw: b * 1e6,
-        paired: Some(calibration),
-        goal: "calibration: ~1",
-    });
-    let (safe_t, raw_t, paired) = race_paired_shuffled(5000, &mut safe, raw, 0x5eed_0034)?;
-    rows.push(Row {
-        name: format!(
-            "second mapping of a shared {} MiB page: VirtualBuffer::map_shared + unmap vs the raw \
-             calls, pairs in a random order (us)",
-            g >> 20
+        race_paired_shuffled(5000, raw, raw, 0x5eed_0033)?,
+        "calibration: ~1",
+    ));
+    rows.push(us_row(
+        format!(
+            "second mapping of a shared {mib} MiB page: VirtualBuffer::map_shared + unmap vs the \
+             raw calls, pairs in a random order (us)"
         ),
-        unit: "us",
-        safe: safe_t * 1e6,
-        raw: raw_t * 1e6,
-        paired: Some(paired),
-        goal: "safe/raw <= 1.01",
-    });
+        race_paired_shuffled(5000, &mut safe, raw, 0x5eed_0034)?,
+        "safe/raw <= 1.01",
+    ));
     second.free()?;
     first.free()?;
     page.release()?;
