@@ -64,6 +64,11 @@ fn balanced(stats: &BufferStats) -> bool {
         == stats.reserve_taken + stats.reserve_released + stats.reserve_pages
 }
 
+/// The VMM calls made on the buffer so far: `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`.
+fn vmm_calls(stats: &BufferStats) -> (u64, u64, u64) {
+    (stats.map_calls, stats.unmap_calls, stats.set_access_calls)
+}
+
 /// Every page retired so far has been taken by the worker: released, its memory mapped again, or
 /// recycled in place.
 fn retires_taken(stats: &BufferStats) -> bool {
@@ -496,8 +501,8 @@ fn a_ring_of_maps_and_retires_recycles_in_place_with_no_driver_call() {
         "every map took a page of the reserve"
     );
     assert_eq!(
-        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
-        (warm.map_calls, warm.unmap_calls, warm.set_access_calls),
+        vmm_calls(&stats),
+        vmm_calls(&warm),
         "a VMM call after the warm-up"
     );
     assert_eq!(
@@ -620,12 +625,8 @@ fn a_map_right_after_a_retire_of_its_range_takes_the_page_in_place() {
     let stats = kv.stats();
     println!("{stats:?}");
     assert_eq!(
-        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
-        (
-            before.map_calls,
-            before.unmap_calls,
-            before.set_access_calls
-        ),
+        vmm_calls(&stats),
+        vmm_calls(&before),
         "a VMM call: {stats:?}"
     );
     assert_eq!(
@@ -691,12 +692,8 @@ fn maps_racing_the_workers_queries_take_each_retired_page_once() {
     let stats = kv.stats();
     println!("{rounds} rounds, {refused} maps refused while a retire's work ran; {stats:?}");
     assert_eq!(
-        (stats.map_calls, stats.unmap_calls, stats.set_access_calls),
-        (
-            before.map_calls,
-            before.unmap_calls,
-            before.set_access_calls
-        ),
+        vmm_calls(&stats),
+        vmm_calls(&before),
         "a VMM call: {stats:?}"
     );
     assert_eq!(
