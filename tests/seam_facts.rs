@@ -32,6 +32,7 @@ const CAPTURE_IMPLICIT: u32 = 906;
 const CAPTURED_EVENT: u32 = 907;
 const CAPTURE_WRONG_THREAD: u32 = 908;
 const PER_THREAD: usize = 0x2;
+const LEGACY: usize = 0x1;
 
 // The driver's own symbols with integer results: no driver value lands in a Rust enum.
 unsafe extern "C" {
@@ -58,6 +59,8 @@ unsafe extern "C" {
     fn cuEventQuery(event: *mut c_void) -> u32;
     fn cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: u32) -> u32;
     fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> u32;
+    fn cuStreamCreate(stream: *mut *mut c_void, flags: u32) -> u32;
+    fn cuStreamDestroy_v2(stream: *mut c_void) -> u32;
 }
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -386,6 +389,104 @@ fn a_per_thread_capture_in_the_way_of_a_legacy_wait() {
         }
         exchange_mode(previous);
     }
+}
+
+/// A query of the legacy default stream (`CU_STREAM_LEGACY`) while a blocking stream of the same
+/// context captures: refused with `CAPTURE_IMPLICIT` (906), from the capturing thread and from
+/// another (in `RELAXED` and in `GLOBAL` mode), in every mode of the capture, and the capture is
+/// left as it was (it ends with its graph). A capture of
+/// a non-blocking stream is not seen there (`CUDA_SUCCESS`, no capture). The per-thread default
+/// stream counts as blocking. What `Comm::register`'s capture check rests on.
+#[test]
+fn a_legacy_query_sees_the_captures_of_blocking_streams_only() {
+    let _serial = serial();
+    let Some((_device, ctx)) =
+        common::gpu_or_skip("a_legacy_query_sees_the_captures_of_blocking_streams_only")
+    else {
+        return;
+    };
+    let mut buffer = DeviceBuffer::<u8>::zeroed(&ctx, 1 << 20).unwrap();
+    let nonblocking = Stream::new(&ctx).unwrap();
+    bind(&ctx);
+    let mut blocking = ptr::null_mut();
+    // SAFETY: `blocking` is writable; flags 0 (a blocking stream), destroyed below.
+    assert_eq!(unsafe { cuStreamCreate(&raw mut blocking, 0) }, 0);
+    let legacy = LEGACY as *mut c_void;
+    let streams = [
+        (
+            "the per-thread default stream",
+            PER_THREAD as *mut c_void,
+            true,
+        ),
+        ("a blocking stream", blocking, true),
+        ("a non-blocking stream", raw(&nonblocking), false),
+    ];
+    for (stream_name, stream, seen) in streams {
+        for (mode, mode_name) in [
+            (GLOBAL, "GLOBAL"),
+            (THREAD_LOCAL, "THREAD_LOCAL"),
+            (RELAXED, "RELAXED"),
+        ] {
+            let previous = exchange_mode(mode);
+            // SAFETY: live handles of the current context; the capture is ended below.
+            assert_eq!(unsafe { cuStreamBeginCapture_v2(stream, mode) }, 0);
+            assert_eq!(memset(&mut buffer, stream, 1), 0);
+            let here = status_raw(legacy);
+            // Another thread asks in RELAXED mode, and then in GLOBAL mode (a thread's default).
+            let (elsewhere, elsewhere_global) = std::thread::scope(|t| {
+                t.spawn(|| {
+                    let previous = exchange_mode(RELAXED);
+                    bind(&ctx);
+                    let relaxed = status_raw(LEGACY as *mut c_void);
+                    exchange_mode(GLOBAL);
+                    let global = status_raw(LEGACY as *mut c_void);
+                    exchange_mode(previous);
+                    (relaxed, global)
+                })
+                .join()
+                .unwrap()
+            });
+            let still = status_raw(stream);
+            let (ended, nodes) = end(stream);
+            exchange_mode(previous);
+            println!(
+                "{stream_name} capturing ({mode_name}): the legacy query from this thread {} \
+                 (status {}), from another thread {} (status {}), and there in GLOBAL mode {}; the \
+                 capture then {still:?}, its end {} ({nodes:?} nodes)",
+                name(here.0),
+                here.1,
+                name(elsewhere.0),
+                elsewhere.1,
+                name(elsewhere_global.0),
+                name(ended),
+            );
+            let expected = if seen { CAPTURE_IMPLICIT } else { 0 };
+            assert_eq!(
+                (here.0, elsewhere.0, elsewhere_global.0),
+                (expected, expected, expected),
+                "{stream_name}, {mode_name}: the legacy query"
+            );
+            if !seen {
+                assert_eq!(
+                    (here.1, elsewhere.1, elsewhere_global.1),
+                    (STATUS_NONE, STATUS_NONE, STATUS_NONE)
+                );
+            }
+            assert_eq!(
+                still,
+                (0, STATUS_ACTIVE),
+                "{stream_name}, {mode_name}: left active"
+            );
+            assert_eq!(
+                (ended, nodes),
+                (0, Some(1)),
+                "{stream_name}, {mode_name}: its graph"
+            );
+        }
+    }
+    assert_eq!(status_raw(legacy), (0, STATUS_NONE), "no capture left");
+    // SAFETY: the stream made above, idle (its captures ended), destroyed once.
+    assert_eq!(unsafe { cuStreamDestroy_v2(blocking) }, 0);
 }
 
 /// Another thread's work queued onto a stream that this thread captures in `THREAD_LOCAL` mode is
