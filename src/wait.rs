@@ -300,6 +300,22 @@ pub(crate) fn is_capturing(stream: sys::CUstream) -> DriverResult<bool> {
     Ok(status != sys::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// `cuStreamIsCapturing` of the legacy default stream: `true` where a blocking stream of the current
+/// context captures a graph, in any mode, begun by any thread. The driver answers
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` then, and leaves the capture as it was; the per-thread
+/// default streams are blocking streams. A capture of a non-blocking stream is not seen here
+/// (`tests/seam_facts.rs`, `a_legacy_query_sees_the_captures_of_blocking_streams_only`).
+///
+/// # Errors
+/// Any other error of the driver's.
+pub(crate) fn blocking_stream_capturing() -> DriverResult<bool> {
+    match is_capturing(sys::CU_STREAM_LEGACY as sys::CUstream) {
+        Err(e) if e == DriverError::STREAM_CAPTURE_IMPLICIT => Ok(true),
+        // The legacy stream itself never captures: its own status is `NONE`.
+        other => other,
+    }
+}
+
 /// Sets the calling thread's capture mode to `RELAXED` for the rest of its life: for a thread of
 /// this crate's own that runs no code but the crate's (a reserve's worker). Another thread's capture
 /// in `GLOBAL` mode then neither refuses the thread's VMM calls nor is invalidated by them; every

@@ -848,8 +848,9 @@ fn a_group_begun_outside_the_crate_is_refused_on_two_ranks() -> TestResult {
 /// Registration while a capture that this thread can see is under way is refused before NCCL is
 /// called (`Error::StreamCapturing`): NCCL's driver calls would be refused and invalidate the
 /// capture (vLLM #54626). A capture of the communicator's stream, of this thread's per-thread
-/// default stream (through cudarc), and a `Graph::capture` of this thread; each capture goes on
-/// unharmed, and registration works once it has ended.
+/// default stream (through cudarc), of a blocking stream on another thread, and a
+/// `Graph::capture` of this thread; each capture goes on unharmed, and registration works once
+/// it has ended.
 fn registration_under_capture_is_refused() -> TestResult {
     use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     let test = "registration_under_capture_is_refused";
@@ -883,6 +884,61 @@ fn registration_under_capture_is_refused() -> TestResult {
         "the per-thread stream capturing",
     );
     per_thread.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+
+    // A blocking stream of the context, captured by another thread in RELAXED mode: seen through
+    // the one query of the legacy stream.
+    let context = Arc::clone(stream.context());
+    let (began_tx, began_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || -> Result<usize, String> {
+        use cudarc::driver::result::{graph, stream as raw_stream};
+        use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let as_text = |e: cudarc::driver::DriverError| e.to_string();
+        let began = (|| -> Result<cudarc::driver::sys::CUstream, String> {
+            context.bind_to_thread().map_err(as_text)?;
+            let blocking = raw_stream::create(raw_stream::StreamKind::Default).map_err(as_text)?;
+            // SAFETY: the stream just made, of the bound context; ended below.
+            unsafe { raw_stream::begin_capture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED) }
+                .map_err(as_text)?;
+            Ok(blocking)
+        })();
+        let blocking = match began {
+            Ok(blocking) => {
+                let _ = began_tx.send(Ok(()));
+                blocking
+            }
+            Err(e) => {
+                let _ = began_tx.send(Err(e.clone()));
+                return Err(e);
+            }
+        };
+        let _ = end_rx.recv();
+        // SAFETY: the capture begun above on this thread; its graph (no nodes) and the stream are
+        // destroyed once.
+        unsafe {
+            let captured = raw_stream::end_capture(blocking).map_err(as_text)?;
+            let mut nodes = 0usize;
+            let code = cudarc::driver::sys::cuGraphGetNodes(
+                captured,
+                core::ptr::null_mut(),
+                &raw mut nodes,
+            );
+            graph::destroy(captured).map_err(as_text)?;
+            raw_stream::destroy(blocking).map_err(as_text)?;
+            code.result().map_err(as_text)?;
+            Ok(nodes)
+        }
+    });
+    began_rx.recv()??;
+    refused(
+        comm.register(&mut buffer, ..page),
+        "a blocking stream of the context capturing on another thread",
+    );
+    let _ = end_tx.send(());
+    let nodes = other
+        .join()
+        .map_err(|_| "the capturing thread panicked")??;
+    assert_eq!(nodes, 0, "{test}: that capture went on, empty");
 
     let context = cuda_vmm::Context::new(device)?;
     let mut capturing = cuda_vmm::Stream::new(&context)?;

@@ -146,6 +146,13 @@
 //!   mapped from a [`SharedPage`](crate::owned::SharedPage) or imported from another process may
 //!   not be exportable even so: NCCL's own export then fails, and the registration returns
 //!   [`Error::Nccl`].
+//! - **A registration under a capture it cannot see.** [`Comm::register`] and
+//!   [`Comm::register_window`] are refused while the communicator's stream, any blocking stream of
+//!   its context or a [`Graph::capture`](crate::stream::Graph::capture) of this thread captures. A
+//!   capture of another non-blocking stream (cudarc's streams are non-blocking) is not seen: the
+//!   driver has no query for it. Where its mode refuses NCCL's driver calls (a capture of this
+//!   thread, or another thread's in `GLOBAL` mode), the registration fails with [`Error::Nccl`]
+//!   and the capture is invalidated; otherwise the registration is made, and queues nothing.
 //!
 //! # Asynchronous errors, hangs and aborts
 //! NCCL reports a failed peer or network asynchronously (`ncclCommGetAsyncError`), and reports

@@ -280,20 +280,22 @@ impl Core {
     }
 }
 
-/// `Ok` where no capture that this thread can see is under way: the communicator's stream's,
-/// this thread's per-thread default stream's, or a [`Graph::capture`](crate::stream::Graph) of
-/// this thread. A registration is refused during one (`Error::StreamCapturing`, before NCCL is
-/// called): NCCL's registration makes driver calls that a capture of this thread refuses, and the
-/// refusal invalidates the capture (vLLM #54626: "unhandled cuda error"). The caller has made the
-/// communicator's context current ([`Core::live`]): one bind, not two (measured on an H200, a
-/// second one was a visible part of a registration's cost).
+/// `Ok` where none of the captures the driver lets this thread see is under way: the
+/// communicator's stream's, any blocking stream's of the context (every thread's per-thread
+/// default stream among them: one query of the legacy stream sees them all), or a
+/// [`Graph::capture`](crate::stream::Graph) of this thread. A registration is refused during one
+/// (`Error::StreamCapturing`, before NCCL is called): NCCL's registration makes driver calls that
+/// a capture of this thread refuses, and the refusal invalidates the capture (vLLM #54626:
+/// "unhandled cuda error"). A capture of another non-blocking stream is not seen: the driver has
+/// no query for it. The caller has made the communicator's context current ([`Core::live`]): one
+/// bind, not two (measured on an H200, a second one was a visible part of a registration's cost).
 pub(super) fn not_capturing(stream: sys::CUstream) -> Result<(), Error> {
-    const WHAT: &str = "NCCL registers memory only while no capture of this thread, of its \
-                        per-thread default stream or of the communicator's stream is under \
-                        way: NCCL's driver calls would be refused, invalidating the capture";
+    const WHAT: &str = "NCCL registers memory only while no capture of this thread, of a blocking \
+                        stream of the context or of the communicator's stream is under way: \
+                        NCCL's driver calls would be refused, invalidating the capture";
     if crate::wait::capturing_here()
         || crate::wait::is_capturing(stream)?
-        || crate::wait::is_capturing(sys::CU_STREAM_PER_THREAD as sys::CUstream)?
+        || crate::wait::blocking_stream_capturing()?
     {
         return Err(Error::StreamCapturing { what: WHAT });
     }

@@ -99,8 +99,10 @@ impl Comm {
     ///
     /// # Errors
     /// Before NCCL is called: [`Error::NcclRefused`] inside a [`group`](super::group);
-    /// [`Error::StreamCapturing`] while the communicator's stream, this thread's per-thread default
-    /// stream, or a [`Graph::capture`](crate::stream::Graph::capture) of this thread captures;
+    /// [`Error::StreamCapturing`] while the communicator's stream, a blocking stream of its context
+    /// (any thread's per-thread default stream among them), or a
+    /// [`Graph::capture`](crate::stream::Graph::capture) of this thread captures (a capture of
+    /// another non-blocking stream is not seen: the driver has no query for it);
     /// [`Error::OutOfBounds`], [`Error::PageRange`] where the range is outside the budget or not
     /// all mapped ([`VirtualBuffer::slice_bytes`]); [`Error::ZeroSize`] for an empty range;
     /// [`Error::NoPeerAccess`] where the communicator's device is not in the buffer's access set.
