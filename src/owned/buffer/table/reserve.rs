@@ -102,7 +102,7 @@ impl<P> Table<P> {
     /// reserve's page size, aligned to it, at or after the cursor, wrapping round the budget once.
     /// `None` where the reserve is stopped, holds its bound, keeps a fault, or finds no slot.
     pub(in crate::owned::buffer) fn next_fill(&mut self) -> Option<(usize, usize)> {
-        let (at, size, index) = self.vacant_fill()?;
+        let (at, size, index, held) = self.vacant_fill()?;
         self.slots.insert(
             index,
             Slot {
@@ -112,7 +112,8 @@ impl<P> Table<P> {
                 page: Page::Filling,
             },
         );
-        let now = self.held_ahead() as u64;
+        // The pages held before, and the one marked just now.
+        let now = held.saturating_add(1) as u64;
         self.stats.reserve_peak_pages = self.stats.reserve_peak_pages.max(now);
         Some((at, size))
     }
@@ -123,9 +124,10 @@ impl<P> Table<P> {
         self.vacant_fill().is_some()
     }
 
-    /// The slot [`next_fill`](Table::next_fill) marks: its offset, size and index in the table.
-    /// Where none is vacant, no search is made again until a slot leaves the table.
-    fn vacant_fill(&mut self) -> Option<(usize, usize, usize)> {
+    /// The slot [`next_fill`](Table::next_fill) marks: its offset, size and index in the table,
+    /// and the pages the reserve holds before it is marked. Where none is vacant, no search is
+    /// made again until a slot leaves the table.
+    fn vacant_fill(&mut self) -> Option<(usize, usize, usize, usize)> {
         let Reserve {
             bound,
             size,
@@ -139,14 +141,15 @@ impl<P> Table<P> {
         if !self.reserving() || self.reserve.fault.is_some() || size == 0 {
             return None;
         }
-        if self.held_ahead() >= bound {
+        let held = self.held_ahead();
+        if held >= bound {
             return None;
         }
         let vacant = self.vacant_slot();
         if vacant.is_none() {
             self.reserve.full_at = Some(removals);
         }
-        vacant
+        vacant.map(|(at, size, index)| (at, size, index, held))
     }
 
     /// The first vacant slot of the reserve's size at or after the cursor, wrapping round the
