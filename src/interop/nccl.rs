@@ -152,7 +152,7 @@
 //!   capture of another non-blocking stream (cudarc's streams are non-blocking) is not seen: the
 //!   driver has no query for it. Where its mode refuses NCCL's driver calls (a capture of this
 //!   thread, or another thread's in `GLOBAL` mode), the registration fails with [`Error::Nccl`]
-//!   and the capture is invalidated; otherwise the registration is made, and queues nothing.
+//!   and the capture is invalidated, as it would be without this crate (vLLM #54626).
 //!
 //! # Asynchronous errors, hangs and aborts
 //! NCCL reports a failed peer or network asynchronously (`ncclCommGetAsyncError`), and reports
