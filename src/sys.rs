@@ -58,6 +58,7 @@ pub(crate) const CU_MEMORYTYPE_UNIFIED: u32 = 4;
 pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;
 // `CU_STREAM_LEGACY`: the legacy default stream of the current context, named explicitly (the null
 // handle means it too, unless a program is built for per-thread default streams).
+#[cfg(feature = "nccl")]
 pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
 // `CUmemAccess_flags`
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READ: u32 = 1;

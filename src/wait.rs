@@ -308,6 +308,7 @@ pub(crate) fn is_capturing(stream: sys::CUstream) -> DriverResult<bool> {
 ///
 /// # Errors
 /// Any other error of the driver's.
+#[cfg(feature = "nccl")]
 pub(crate) fn blocking_stream_capturing() -> DriverResult<bool> {
     match is_capturing(sys::CU_STREAM_LEGACY as sys::CUstream) {
         Err(e) if e == DriverError::STREAM_CAPTURE_IMPLICIT => Ok(true),
