@@ -9,13 +9,13 @@
 
 mod common;
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use cuda_vmm::ipc::DmaBufLayout;
 use cuda_vmm::owned::{BufferStats, PageOptions, ReserveOptions};
 use cuda_vmm::{
-    Context, DriverError, Error, Granularity, ReadWrite, Stream, VirtualBuffer,
+    Context, Device, DriverError, Error, Granularity, ReadWrite, Stream, VirtualBuffer,
     allocation_granularity,
 };
 
@@ -26,10 +26,18 @@ const THREADS: usize = 16;
 const ROUNDS: usize = 25;
 const BOUND: usize = 3;
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What every test here starts with: the lock that runs them one at a time (held first, also by
+/// a test that then skips), GPU 0 and its context, and its minimum granularity (a page). `None`
+/// where there is no device: the test skips, visibly.
+fn gpu(test: &str) -> Option<(MutexGuard<'static, ()>, Device, Context, usize)> {
+    let serial = serial();
+    let (device, ctx) = common::gpu_or_skip(test)?;
+    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
+    Some((serial, device, ctx, g))
 }
 
 /// Polls `buffer`'s counts until `done` holds (the worker runs on its own time), for at most ten
@@ -78,12 +86,10 @@ fn retires_taken(stats: &BufferStats) -> bool {
 
 #[test]
 fn trim_gives_back_free_memory_exact_to_the_byte() {
-    let _serial = serial();
-    let Some((device, ctx)) = common::gpu_or_skip("trim_gives_back_free_memory_exact_to_the_byte")
+    let Some((_serial, device, ctx, g)) = gpu("trim_gives_back_free_memory_exact_to_the_byte")
     else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(64 * g, &[device], ReadWrite).unwrap();
     kv.grow(device, g).unwrap();
@@ -114,12 +120,10 @@ fn trim_gives_back_free_memory_exact_to_the_byte() {
 
 #[test]
 fn a_ready_page_is_unreachable_by_views_and_a_map_takes_it_with_no_driver_call() {
-    let _serial = serial();
     let test = "a_ready_page_is_unreachable_by_views_and_a_map_takes_it_with_no_driver_call";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let mut kv = VirtualBuffer::new(8 * g, &[device], ReadWrite).unwrap();
     kv.reserve_ahead(ReserveOptions::new(device, g, 2)).unwrap();
@@ -180,12 +184,10 @@ fn a_ready_page_is_unreachable_by_views_and_a_map_takes_it_with_no_driver_call()
 
 #[test]
 fn an_injected_refill_fault_surfaces_at_the_next_grow_and_loses_no_page() {
-    let _serial = serial();
     let test = "an_injected_refill_fault_surfaces_at_the_next_grow_and_loses_no_page";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(16 * g, &[device], ReadWrite).unwrap();
     kv.reserve_ahead(ReserveOptions::new(device, g, 2).with_failing_create(3))
@@ -216,12 +218,10 @@ fn an_injected_refill_fault_surfaces_at_the_next_grow_and_loses_no_page() {
 
 #[test]
 fn the_worker_releases_retired_pages_with_no_call_of_the_caller() {
-    let _serial = serial();
     let test = "the_worker_releases_retired_pages_with_no_call_of_the_caller";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let mut kv = VirtualBuffer::new(16 * g, &[device], ReadWrite).unwrap();
     kv.reserve_ahead(ReserveOptions::new(device, g, 1)).unwrap();
@@ -244,7 +244,7 @@ fn the_worker_releases_retired_pages_with_no_call_of_the_caller() {
 fn retire_with_room(
     kv: &mut VirtualBuffer,
     stream: &Stream,
-    device: cuda_vmm::Device,
+    device: Device,
     g: usize,
 ) -> BufferStats {
     retire_with_room_after(kv, stream, device, g, |_| ())
@@ -255,7 +255,7 @@ fn retire_with_room(
 fn retire_with_room_after(
     kv: &mut VirtualBuffer,
     stream: &Stream,
-    device: cuda_vmm::Device,
+    device: Device,
     g: usize,
     between: impl FnOnce(&VirtualBuffer),
 ) -> BufferStats {
@@ -283,12 +283,10 @@ fn retire_with_room_after(
 /// of their memory (so the scenario reaches the recycling path); on an exportable one, none.
 #[test]
 fn memory_made_exportable_is_released_never_recycled() {
-    let _serial = serial();
     let test = "memory_made_exportable_is_released_never_recycled";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let mut plain = VirtualBuffer::new(16 * g, &[device], ReadWrite).unwrap();
     let plain_stats = retire_with_room(&mut plain, &stream, device, g);
@@ -317,9 +315,8 @@ fn memory_made_exportable_is_released_never_recycled() {
 /// the device exports no dma-buf.
 #[test]
 fn pages_exported_as_a_dma_buf_are_released_never_recycled() {
-    let _serial = serial();
     let test = "pages_exported_as_a_dma_buf_are_released_never_recycled";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
     let caps = device.capabilities().unwrap();
@@ -329,7 +326,6 @@ fn pages_exported_as_a_dma_buf_are_released_never_recycled() {
         ));
         return;
     }
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let options = PageOptions::new().with_rdma(caps.gpu_direct_rdma_with_vmm);
     let mut plain = VirtualBuffer::with_options(16 * g, &[device], ReadWrite, options).unwrap();
@@ -355,12 +351,10 @@ fn pages_exported_as_a_dma_buf_are_released_never_recycled() {
 
 #[test]
 fn the_bound_holds_under_16_threads_mapping_and_retiring() {
-    let _serial = serial();
     let test = "the_bound_holds_under_16_threads_mapping_and_retiring";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(2 * THREADS * ROUNDS * g, &[device], ReadWrite).unwrap();
@@ -477,12 +471,10 @@ fn ring_rounds(kv: &mut VirtualBuffer, stream: &Stream, g: usize, rounds: usize)
 /// right, and `trim` and the drop give every byte back.
 #[test]
 fn a_ring_of_maps_and_retires_recycles_in_place_with_no_driver_call() {
-    let _serial = serial();
     let test = "a_ring_of_maps_and_retires_recycles_in_place_with_no_driver_call";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(RING * g, &[device], ReadWrite).unwrap();
@@ -550,12 +542,10 @@ fn a_ring_of_maps_and_retires_recycles_in_place_with_no_driver_call() {
 /// change, at the same place, is.
 #[test]
 fn a_page_retired_before_an_access_change_is_not_recycled_in_place() {
-    let _serial = serial();
     let test = "a_page_retired_before_an_access_change_is_not_recycled_in_place";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
@@ -594,12 +584,10 @@ fn a_page_retired_before_an_access_change_is_not_recycled_in_place() {
 /// the map's own take, a map that comes before the worker would be refused (the page retired).
 #[test]
 fn a_map_right_after_a_retire_of_its_range_takes_the_page_in_place() {
-    let _serial = serial();
     let test = "a_map_right_after_a_retire_of_its_range_takes_the_page_in_place";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(4 * g, &[device], ReadWrite).unwrap();
@@ -651,12 +639,10 @@ fn a_map_right_after_a_retire_of_its_range_takes_the_page_in_place() {
 /// write still there), the counts balance, and the drop gives back every byte.
 #[test]
 fn maps_racing_the_workers_queries_take_each_retired_page_once() {
-    let _serial = serial();
     let test = "maps_racing_the_workers_queries_take_each_retired_page_once";
-    let Some((device, ctx)) = common::gpu_or_skip(test) else {
+    let Some((_serial, device, ctx, g)) = gpu(test) else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let free_start = free(&ctx);
     let mut kv = VirtualBuffer::new(g, &[device], ReadWrite).unwrap();
@@ -731,13 +717,11 @@ unsafe extern "C" {
 fn the_workers_calls_leave_another_threads_global_capture_valid() {
     const GLOBAL: u32 = 0;
     const RELAXED: u32 = 2;
-    let _serial = serial();
-    let Some((device, ctx)) =
-        common::gpu_or_skip("the_workers_calls_leave_another_threads_global_capture_valid")
+    let Some((_serial, device, ctx, g)) =
+        gpu("the_workers_calls_leave_another_threads_global_capture_valid")
     else {
         return;
     };
-    let g = allocation_granularity(device, Granularity::Minimum).unwrap();
     let mut kv = VirtualBuffer::new(8 * g, &[device], ReadWrite).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let raw = stream.as_raw() as usize;
