@@ -2290,35 +2290,23 @@ fn motion_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()> 
     raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Unbounded, rows)?;
     raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Steps(2), rows)?;
     raw_decode_row(ctx, g, &raw_kernel, &stream, Lead::Steps(4), rows)?;
-    for (spin_ns, lead, reps, reserve) in [
-        (100_000, Lead::Steps(2), 40, false),
-        (100_000, Lead::Steps(4), 40, false),
-        (100_000, Lead::Unbounded, 40, false),
-        (0, Lead::Unbounded, 400, false),
-        (100_000, Lead::Steps(2), 40, true),
-        (0, Lead::Unbounded, 400, true),
+    // Without a reserve: each page made and released by the loop itself.
+    for (spin_ns, lead, reps) in [
+        (100_000, Lead::Steps(2), 40),
+        (100_000, Lead::Steps(4), 40),
+        (100_000, Lead::Unbounded, 40),
+        (0, Lead::Unbounded, 400),
     ] {
         let motion = Motion {
             spin_ns,
             lead,
             reps,
-            reserve,
+            reserve: false,
             at_end: false,
         };
         decode_row(ctx, g, &kernel, &stream, motion, rows)?;
     }
-    // The host-bound and paced rows with a reserve again, each page retired at the scope's end
-    // (`ScopedBuffer::retire_at_scope_end`: no event; the scope is one run).
-    for (spin_ns, lead, reps) in [(100_000, Lead::Steps(2), 40), (0, Lead::Unbounded, 400)] {
-        let motion = Motion {
-            spin_ns,
-            lead,
-            reps,
-            reserve: true,
-            at_end: true,
-        };
-        decode_row(ctx, g, &kernel, &stream, motion, rows)?;
-    }
+    reserve_decode_rows(ctx, g, &kernel, &stream, rows)?;
     shared_map_rows(ctx, g, rows)
 }
 
@@ -2328,6 +2316,20 @@ fn elastic_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()>
     let module = cuda_vmm::Module::load_ptx(ctx, &std::ffi::CString::new(SPIN_PTX)?)?;
     let kernel = module.function(c"spin_add_one")?;
     let stream = cuda_vmm::Stream::new(ctx)?;
+    reserve_decode_rows(ctx, g, &kernel, &stream, rows)?;
+    shared_map_rows(ctx, g, rows)
+}
+
+/// The decode rows with a reserve, paced and host-bound: each page retired with `retire` (an
+/// event), then each retired at the scope's end (`ScopedBuffer::retire_at_scope_end`: no event;
+/// the scope is one run). What `bench motion` and `bench elastic` share.
+fn reserve_decode_rows(
+    ctx: &Context,
+    g: usize,
+    kernel: &cuda_vmm::module::Function<'_>,
+    stream: &cuda_vmm::Stream,
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
     for at_end in [false, true] {
         for (spin_ns, lead, reps) in [(100_000, Lead::Steps(2), 40), (0, Lead::Unbounded, 400)] {
             let motion = Motion {
@@ -2337,10 +2339,10 @@ fn elastic_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<()>
                 reserve: true,
                 at_end,
             };
-            decode_row(ctx, g, &kernel, &stream, motion, rows)?;
+            decode_row(ctx, g, kernel, stream, motion, rows)?;
         }
     }
-    shared_map_rows(ctx, g, rows)
+    Ok(())
 }
 
 /// The decode engine of `examples/decode_engine.rs` (8 seeded sequences of up to 24 tokens, a
