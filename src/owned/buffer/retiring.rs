@@ -189,12 +189,15 @@ impl Retires {
     /// ordering is a saving, not a proof anything rests on.
     pub(super) fn take_finished(&mut self) -> Vec<Ticket> {
         let done = finished_of(
-            self.waiting
-                .iter()
-                .filter(|r| !r.until_scope_end)
+            self.awaiting_events()
                 .map(|r| (r.ticket, r.events.as_slice(), r.streams.as_slice())),
         );
         self.take(&done)
+    }
+
+    /// The retires that wait for their events, oldest first (not those at the scope's end).
+    fn awaiting_events(&self) -> impl Iterator<Item = &Retiring> {
+        self.waiting.iter().filter(|r| !r.until_scope_end)
     }
 
     /// The events of every retire that waits for them, cloned, oldest first (none for a retire at
@@ -203,9 +206,7 @@ impl Retires {
         if self.is_empty() {
             return Vec::new();
         }
-        self.waiting
-            .iter()
-            .filter(|r| !r.until_scope_end)
+        self.awaiting_events()
             .map(|r| Query {
                 ticket: r.ticket,
                 events: r.events.clone(),
@@ -246,9 +247,8 @@ impl Retires {
     /// not waiting here (its events not recorded yet, or taken already), or an event whose query
     /// fails.
     pub(super) fn is_finished(&self, ticket: Ticket) -> bool {
-        self.waiting.iter().any(|retire| {
+        self.awaiting_events().any(|retire| {
             retire.ticket == ticket
-                && !retire.until_scope_end
                 && retire
                     .events
                     .iter()
