@@ -284,6 +284,23 @@ struct Row {
 }
 
 impl Row {
+    /// A time row in microseconds, from the seconds ([`race_paired`]'s or
+    /// [`race_paired_shuffled`]'s median of each side, and the median ratio of the pairs).
+    fn us(
+        name: impl Into<String>,
+        (safe, raw, paired): (f64, f64, f64),
+        goal: &'static str,
+    ) -> Row {
+        Row {
+            name: name.into(),
+            unit: "us",
+            safe: safe * 1e6,
+            raw: raw * 1e6,
+            paired: Some(paired),
+            goal,
+        }
+    }
+
     /// A bandwidth row: `bytes` moved in the median seconds `safe` and `raw`, in GB/s.
     fn gbs(name: impl Into<String>, bytes: usize, safe: f64, raw: f64, goal: &'static str) -> Row {
         let rate = |t: f64| float(bytes) / t / 1e9;
@@ -2020,48 +2037,30 @@ fn small_copy_rows(
     };
     let mut raw_warm = raw_copy;
     warm_up(0.2, &mut safe, &mut raw_warm)?;
-    let (a, b, calibration) = race_paired(5000, raw_copy, raw_copy)?;
-    rows.push(Row {
-        name: "async copy 4 KiB + sync, raw vs raw (calibration) (us)".to_owned(),
-        unit: "us",
-        safe: a * 1e6,
-        raw: b * 1e6,
-        paired: Some(calibration),
-        goal: "calibration: ~1",
-    });
-    let (safe_t, raw_t, paired) = race_paired(5000, &mut safe, raw_copy)?;
-    rows.push(Row {
-        name: "scope + async copy 4 KiB vs cuMemcpyHtoDAsync + cuStreamSynchronize (us)".to_owned(),
-        unit: "us",
-        safe: safe_t * 1e6,
-        raw: raw_t * 1e6,
-        paired: Some(paired),
-        goal: "safe/raw <= 1.01",
-    });
+    rows.push(Row::us(
+        "async copy 4 KiB + sync, raw vs raw (calibration) (us)",
+        race_paired(5000, raw_copy, raw_copy)?,
+        "calibration: ~1",
+    ));
+    rows.push(Row::us(
+        "scope + async copy 4 KiB vs cuMemcpyHtoDAsync + cuStreamSynchronize (us)",
+        race_paired(5000, &mut safe, raw_copy)?,
+        "safe/raw <= 1.01",
+    ));
     // The same two with each pair's order drawn at random ([`race_paired_shuffled`]), as the shared
     // page's rows: the ABBA calibration above reads up to half a percent off 1 in some runs, and a
     // random order puts neither side on the same places of the driver's cycles more often.
-    let (a, b, calibration) = race_paired_shuffled(5000, raw_copy, raw_copy, 0x5eed_0029)?;
-    rows.push(Row {
-        name: "async copy 4 KiB + sync, raw vs raw, pairs in a random order (calibration) (us)"
-            .to_owned(),
-        unit: "us",
-        safe: a * 1e6,
-        raw: b * 1e6,
-        paired: Some(calibration),
-        goal: "calibration: ~1",
-    });
-    let (safe_t, raw_t, paired) = race_paired_shuffled(5000, &mut safe, raw_copy, 0x5eed_002a)?;
-    rows.push(Row {
-        name: "scope + async copy 4 KiB vs cuMemcpyHtoDAsync + cuStreamSynchronize, pairs in a \
-               random order (us)"
-            .to_owned(),
-        unit: "us",
-        safe: safe_t * 1e6,
-        raw: raw_t * 1e6,
-        paired: Some(paired),
-        goal: "safe/raw <= 1.01",
-    });
+    rows.push(Row::us(
+        "async copy 4 KiB + sync, raw vs raw, pairs in a random order (calibration) (us)",
+        race_paired_shuffled(5000, raw_copy, raw_copy, 0x5eed_0029)?,
+        "calibration: ~1",
+    ));
+    rows.push(Row::us(
+        "scope + async copy 4 KiB vs cuMemcpyHtoDAsync + cuStreamSynchronize, pairs in a random \
+         order (us)",
+        race_paired_shuffled(5000, &mut safe, raw_copy, 0x5eed_002a)?,
+        "safe/raw <= 1.01",
+    ));
     Ok(())
 }
 
@@ -3185,22 +3184,13 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
     };
     let mut raw_warm = raw;
     warm_up(0.2, &mut safe, &mut raw_warm)?;
-    // Each row in microseconds, from the seconds `race_paired` or `race_paired_shuffled` gave.
-    let us_row = |name: String, (safe, raw, paired): (f64, f64, f64), goal| Row {
-        name,
-        unit: "us",
-        safe: safe * 1e6,
-        raw: raw * 1e6,
-        paired: Some(paired),
-        goal,
-    };
     let mib = g >> 20;
-    rows.push(us_row(
+    rows.push(Row::us(
         format!("second mapping of a shared {mib} MiB page, raw vs raw (calibration) (us)"),
         race_paired(5000, raw, raw)?,
         "calibration: ~1",
     ));
-    rows.push(us_row(
+    rows.push(Row::us(
         format!(
             "second mapping of a shared {mib} MiB page: VirtualBuffer::map_shared + unmap vs \
              cuMemMap + cuMemSetAccess + cuMemUnmap of the same handle (us)"
@@ -3211,7 +3201,7 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
     // The same two, each pair's order drawn at random ([`race_paired_shuffled`]), which carry the
     // goal: on one H100 on 2026-12-06 the raw calls read 0.9995 to 1.0007 against themselves so
     // in 17 runs, and 0.9893 to 1.0107 in ABBA in the same runs.
-    rows.push(us_row(
+    rows.push(Row::us(
         format!(
             "second mapping of a shared {mib} MiB page, raw vs raw, pairs in a random order \
              (calibration) (us)"
@@ -3219,7 +3209,7 @@ fn shared_map_rows(ctx: &Context, g: usize, rows: &mut Vec<Row>) -> BenchResult<
         race_paired_shuffled(5000, raw, raw, 0x5eed_0033)?,
         "calibration: ~1",
     ));
-    rows.push(us_row(
+    rows.push(Row::us(
         format!(
             "second mapping of a shared {mib} MiB page: VirtualBuffer::map_shared + unmap vs the \
              raw calls, pairs in a random order (us)"
