@@ -2001,8 +2001,8 @@ fn stream_rows(ctx: &Context, bytes: usize, rows: &mut Vec<Row>) -> BenchResult<
 
 /// The scope's overhead on a small copy: a scope around one 4 KiB upload from pinned memory, against
 /// the raw `cuMemcpyHtoDAsync` and `cuStreamSynchronize` on the same stream; and the raw calls
-/// against themselves (calibration). Both pairs are timed twice: in ABBA order and with each pair's
-/// order drawn at random, each with the goal.
+/// against themselves (calibration). Both pairs are timed twice, in ABBA order and with each pair's
+/// order drawn at random; the scope's row carries the goal in both.
 fn small_copy_rows(
     ctx: &Context,
     stream: &cuda_vmm::Stream,
@@ -2048,7 +2048,7 @@ fn small_copy_rows(
         "safe/raw <= 1.01",
     ));
     // The same two with each pair's order drawn at random ([`race_paired_shuffled`]), as the shared
-    // page's rows: the ABBA calibration above reads up to half a percent off 1 in some runs, and a
+    // page's rows: the ABBA calibration above reads about half a percent off 1 in some runs, and a
     // random order puts neither side on the same places of the driver's cycles more often.
     rows.push(Row::us(
         "async copy 4 KiB + sync, raw vs raw, pairs in a random order (calibration) (us)",
