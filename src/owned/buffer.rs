@@ -585,7 +585,8 @@ impl<M: AccessMode> Drop for VirtualBuffer<M> {
     }
 }
 
-/// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device).
+/// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device, read with
+/// no lock).
 fn granularity(device: Device) -> Result<usize, Error> {
     AllocationOptions::device(device).minimum_granularity_cached()
 }

@@ -3,6 +3,7 @@
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ptr;
+use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::device::Device;
@@ -214,8 +215,26 @@ impl AllocationOptions {
 
     /// The minimum granularity, asked of the driver once per set of options and then remembered: it is
     /// a fixed property of the device and the options, and `cuMemCreate`'s size check needs it every time.
+    ///
+    /// A device's plain options (`AllocationOptions::device`, what every page of a buffer made
+    /// with no other option uses, and every map of a shared page asks) are read with no lock, one
+    /// atomic load, for the first [`KNOWN_DEVICES`] ordinals; other options through a locked list.
     pub(crate) fn minimum_granularity_cached(self) -> Result<usize> {
+        static PLAIN: [AtomicUsize; KNOWN_DEVICES] = [const { AtomicUsize::new(0) }; KNOWN_DEVICES];
         static KNOWN: Mutex<Vec<(AllocationOptions, usize)>> = Mutex::new(Vec::new());
+        let plain = match self.location {
+            Location::Device(device) if self == AllocationOptions::device(device) => {
+                usize::try_from(device.as_raw())
+                    .ok()
+                    .and_then(|ordinal| PLAIN.get(ordinal))
+            }
+            _ => None,
+        };
+        // Zero: not asked yet (the driver never reports a zero granularity; were it to, it would
+        // be asked again each time).
+        if let Some(g) = plain.map(|p| p.load(Ordering::Relaxed)).filter(|&g| g != 0) {
+            return Ok(g);
+        }
         let known = |table: &Vec<(AllocationOptions, usize)>| {
             table.iter().find(|e| e.0 == self).map(|e| e.1)
         };
@@ -223,6 +242,10 @@ impl AllocationOptions {
             return Ok(g);
         }
         let g = self.granularity(Granularity::Minimum)?;
+        if let Some(plain) = plain {
+            plain.store(g, Ordering::Relaxed);
+            return Ok(g);
+        }
         let mut table = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
         if known(&table).is_none() {
             table.push((self, g));
@@ -230,6 +253,9 @@ impl AllocationOptions {
         Ok(g)
     }
 }
+
+/// The device ordinals whose plain options' granularity is remembered without a lock.
+const KNOWN_DEVICES: usize = 64;
 
 /// `cuMemGetAllocationGranularity` — the granularity of pinned memory on `device`.
 ///
