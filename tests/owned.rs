@@ -12,7 +12,7 @@ use common::{gpu_or_skip, gpus_or_skip, pattern};
 use cuda_vmm::{
     Context, Device, DriverError, Error, Granularity, PhysicalAllocation, ReadOnly, ReadWrite,
     VirtualBuffer, align_size, allocation_granularity, owned::GrantedMapping, owned::OwnedMapping,
-    owned::PageInfo, owned::SharedReservation, owned::Unmapped,
+    owned::PageInfo, owned::SharedPage, owned::SharedReservation, owned::Unmapped,
 };
 
 // The driver's own symbols with integer results, for what the safe API must not do: a mapping the
@@ -354,6 +354,34 @@ fn fault_round(ctx: &Context, g: usize, huge: usize, round: u32) {
     );
     assert_eq!(buffer.stats().map_calls, stats.map_calls + 1);
     assert_eq!(buffer.stats().set_access_calls, stats.set_access_calls);
+    // The map puts its page in the table before its calls, and takes it out again here: every
+    // count but the refused call's is as it was.
+    let refused = |maps: u64| {
+        let mut counted = stats;
+        counted.map_calls += maps;
+        counted
+    };
+    assert_eq!(
+        buffer.stats(),
+        refused(1),
+        "a refused cuMemMap left a count"
+    );
+    // The same refusal for a shared page: the share the mapping took is dropped again.
+    let shared = SharedPage::new(device, g).unwrap();
+    let e = buffer.map_shared(5 * g, &shared).unwrap_err();
+    assert_eq!(e.driver(), Some(DriverError::INVALID_VALUE), "{e}");
+    assert_eq!(shared.share_count(), 1, "a refused map kept its share");
+    assert_eq!(
+        shape(&buffer),
+        before,
+        "a refused shared map changed the pages"
+    );
+    assert_eq!(
+        buffer.stats(),
+        refused(2),
+        "a refused shared map left a count"
+    );
+    drop(shared);
     // SAFETY: the stray mapping made above, unmapped once.
     assert_eq!(unsafe { cuMemUnmap(stray_at, g) }, 0);
     drop(stray);

@@ -536,7 +536,7 @@ impl<M: AccessMode> VirtualBuffer<M> {
             table = self.shared.wait(table);
         }
         ahead::give_back(&mut table, self.base, offset, end)?;
-        table.check_vacant(offset, end)?;
+        // `map` checks the range vacant first, before any driver call.
         table.map(
             offset,
             Memory::Shared(page.clone()),

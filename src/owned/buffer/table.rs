@@ -45,13 +45,14 @@ use crate::vmm::physical::PhysicalAllocation;
 use super::page::{Backing, BufferStats, Memory, PageInfo, Piece};
 use super::retiring::{EachStream, Retires, Ticket};
 
+mod calls;
 mod driver;
 mod lends;
 mod reserve;
 #[cfg(test)]
 mod tests;
 
-pub(super) use driver::{Calls, map_at, unmap_and_release, unmap_page};
+pub(super) use calls::{Calls, map_at, unmap_and_release, unmap_page};
 pub(super) use reserve::Fill;
 
 /// What one range of the budget holds: a page, in one of its states. `P` is what a mapped page

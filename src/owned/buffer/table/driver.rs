@@ -19,6 +19,7 @@ use crate::vmm::access::{Contexts, set_access, with_contexts};
 
 use super::super::page::{Backing, Memory, PageInfo, Piece};
 use super::super::retiring::{Retires, Ticket};
+use super::calls::{Calls, MapFailure, map_at, map_handle};
 use super::{Page, Slot, Table, bump};
 
 /// What [`Table::map_memory`] leaves: the page to put at the offset (`Live`, or `Ungranted` where
@@ -42,34 +43,86 @@ impl Table<Backing> {
         access: &[Context],
         flags: u32,
     ) -> Result<(), Error> {
-        let end = offset.saturating_add(memory.size());
+        let size = memory.size();
+        let end = offset.saturating_add(size);
         let index = self.vacant(offset, end)?;
-        let Mapping { page, result } = self.map_memory(
-            offset,
-            Backing {
-                memory,
-                device,
-                exported: false,
+        let handle = memory.as_raw();
+        // The page goes into the table, counted, before the driver calls, and comes out again
+        // where they fail (under the same lock, so nothing sees it meanwhile): where they succeed,
+        // nothing of the table is touched after them. Each call leaves the host's caches cold
+        // (examples/README.md, the shared page's row).
+        let cursor = self.reserve.cursor;
+        let epoch = self.count_mapped();
+        let page = Page::Live(Backing {
+            memory,
+            device,
+            exported: false,
+        });
+        self.slots.insert(
+            index,
+            Slot {
+                offset,
+                size,
+                epoch,
+                page,
             },
-            access,
-            flags,
         );
-        let size = end.saturating_sub(offset);
-        if result.is_ok() {
-            self.moved_cursor(end);
+        self.count_calls(1, 1, 0);
+        bump(&mut self.stats.pages_mapped);
+        self.moved_cursor(end);
+        let address = self.base.wrapping_add(offset as u64);
+        // SAFETY: `[address, address + size)` lies inside the reservation, aligned to the memory's
+        // granularity (the caller checked both), vacant (checked just above, under the lock that
+        // every change of the pages holds, held until the outcome is in the table); `handle` is
+        // the memory of the page put in the table above, which keeps it alive.
+        match unsafe { map_handle(address, size, handle, access, flags) } {
+            Ok(()) => Ok(()),
+            Err(failure) => self.map_refused(index, cursor, failure),
         }
-        if let Some((page, epoch)) = page {
-            self.slots.insert(
-                index,
-                Slot {
-                    offset,
-                    size,
-                    epoch,
-                    page,
-                },
-            );
+    }
+
+    /// Takes back what [`map`](Table::map) put in the table before its driver calls, which
+    /// `failure` says were refused: the page at `index` leaves the table and its memory is
+    /// released, or stays `Ungranted` where the unmap that undid its grant failed too; the counts
+    /// and the reserve's cursor are as if the map had not been tried, but for the calls made.
+    #[cold]
+    fn map_refused(
+        &mut self,
+        index: usize,
+        cursor: usize,
+        failure: MapFailure,
+    ) -> Result<(), Error> {
+        let stats = &mut self.stats;
+        stats.pages_mapped = stats.pages_mapped.saturating_sub(1);
+        match failure {
+            MapFailure::Map(_) => {
+                stats.set_access_calls = stats.set_access_calls.saturating_sub(1);
+            }
+            MapFailure::Grant { .. } => bump(&mut stats.unmap_calls),
         }
-        result
+        self.moved_cursor(cursor);
+        // The page `map` put at `index`, which nothing has changed since (the lock is held).
+        let Some(slot) = self.slots.get_mut(index) else {
+            return Err(failure.into_error());
+        };
+        let backing = match core::mem::replace(&mut slot.page, Page::Evicted) {
+            Page::Live(backing) => backing,
+            other => {
+                slot.page = other;
+                return Err(failure.into_error());
+            }
+        };
+        match failure.settle(backing) {
+            (error, Some(backing)) => {
+                slot.page = Page::Ungranted(backing);
+                Err(error)
+            }
+            (error, None) => {
+                self.slots.remove(index);
+                self.epoch = self.epoch.saturating_sub(1);
+                Err(error)
+            }
+        }
     }
 
     /// `cuMemMap` and `cuMemSetAccess` of `backing` at `offset`, undone on failure: the page to
@@ -211,38 +264,58 @@ impl Table<Backing> {
                 problem: RETIRED,
             });
         }
-        let base = self.base;
-        let stats = &mut self.stats;
-        let mut kept = Vec::new();
         let mut first: DriverResult<()> = Ok(());
         let mut unmapped = 0usize;
-        for mut slot in self.slots.drain(span.clone()) {
+        let Range {
+            start: mut at,
+            mut end,
+        } = span;
+        while at < end {
+            // An evicted range holds no page to unmap: it stays evicted.
+            if !self
+                .slots
+                .get(at)
+                .is_some_and(|s| matches!(s.page, Page::Live(_) | Page::Ungranted(_)))
+            {
+                at = at.saturating_add(1);
+                continue;
+            }
+            // The page leaves the table, counted, before its `cuMemUnmap`, and comes back where
+            // the driver refuses it (as `map` puts a page in first): where the unmap succeeds,
+            // only the memory's release follows it.
+            let mut slot = self.slots.remove(at);
+            end = end.saturating_sub(1);
+            self.slots_removed();
             let (backing, live) = match core::mem::replace(&mut slot.page, Page::Evicted) {
                 Page::Live(backing) => (backing, true),
                 Page::Ungranted(backing) => (backing, false),
                 other => {
-                    // An evicted range: no page to unmap. It stays evicted.
+                    // Not reached: the state was looked at just above, under the same lock.
                     slot.page = other;
-                    kept.push(slot);
+                    self.slots.insert(at, slot);
+                    (at, end) = (at.saturating_add(1), end.saturating_add(1));
                     continue;
                 }
             };
-            bump(&mut stats.unmap_calls);
-            let address = base.wrapping_add(slot.offset as u64);
+            bump(&mut self.stats.unmap_calls);
+            bump(&mut self.stats.pages_released);
+            let address = self.base.wrapping_add(slot.offset as u64);
             // SAFETY: `[address, address + size)` is the page's whole mapping, made by `map` or
-            // `restore` and unmapped once: the page leaves the table below unless the driver
-            // refuses. It is not retired (checked), so no work of a retire can use it; no view
-            // lives (the caller holds `&mut` of the buffer), and every copy through one finished
-            // before it returned.
+            // `restore` and unmapped once: the page left the table above, and comes back below
+            // only where the driver refuses. It is not retired (checked), so no work of a retire
+            // can use it; no view lives (the caller holds `&mut` of the buffer), and every copy
+            // through one finished before it returned.
             let result = match check(unsafe { sys::cuMemUnmap(address, slot.size) }) {
                 Ok(()) => {
                     unmapped = unmapped.saturating_add(1);
-                    bump(&mut stats.pages_released);
                     backing.memory.release_code()
                 }
                 Err(error) => {
+                    let stats = &mut self.stats;
+                    stats.pages_released = stats.pages_released.saturating_sub(1);
                     slot.page = Page::with_grant(backing, live);
-                    kept.push(slot);
+                    self.slots.insert(at, slot);
+                    (at, end) = (at.saturating_add(1), end.saturating_add(1));
                     Err(error)
                 }
             };
@@ -250,9 +323,6 @@ impl Table<Backing> {
                 first = result;
             }
         }
-        // Back where they were: `kept` is sorted and lies inside the drained span.
-        self.slots.splice(span.start..span.start, kept);
-        self.slots_removed();
         first?;
         Ok(unmapped)
     }
@@ -509,106 +579,6 @@ impl Table<Backing> {
         };
         Ok(revoked.map_err(Error::from))
     }
-}
-
-/// The driver calls [`map_at`] and [`unmap_and_release`] made, for the table's counts.
-#[derive(Debug, Default, Clone, Copy)]
-pub(in crate::owned::buffer) struct Calls {
-    pub(in crate::owned::buffer) maps: u64,
-    pub(in crate::owned::buffer) grants: u64,
-    pub(in crate::owned::buffer) unmaps: u64,
-}
-
-/// `cuMemMap` and `cuMemSetAccess` — map `backing` at byte `offset` of the buffer at `base` and
-/// grant it to `access` in `flags`, undone on failure (the memory released): the page, or the
-/// error with the page where the unmap that undoes a refused grant failed too (still mapped,
-/// perhaps partly granted: the caller keeps it `Ungranted`). Counts its calls in `calls`.
-///
-/// # Safety
-/// `[base + offset, base + offset + size)` lies inside the buffer's reservation, both ends
-/// multiples of the memory's granularity, and the caller holds the range: no mapping overlaps
-/// it, and nothing else maps there until the caller has put the outcome in the table (checked
-/// vacant under the table's lock and held until then, or marked `Filling` under it, which only
-/// the worker that marked it fills).
-pub(in crate::owned::buffer) unsafe fn map_at(
-    base: u64,
-    offset: usize,
-    backing: Backing,
-    access: &[Context],
-    flags: u32,
-    calls: &mut Calls,
-) -> Result<Backing, (Error, Option<Backing>)> {
-    let address = base.wrapping_add(offset as u64);
-    let size = backing.memory.size();
-    bump(&mut calls.maps);
-    // SAFETY: the range lies inside the buffer's reservation, aligned, and overlaps no mapping,
-    // nor will anything else map there meanwhile (this function's contract). The memory is a live
-    // allocation handle of `size` bytes, owned here or shared (a share held, so it is not released
-    // while mapped); offset 0 and flags 0 as the driver requires.
-    let mapped = check(unsafe { sys::cuMemMap(address, size, 0, backing.memory.as_raw(), 0) });
-    if let Err(error) = mapped {
-        let cleanup = backing.memory.release_code();
-        return Err((with_cleanup(error, cleanup, "page mapping"), None));
-    }
-    bump(&mut calls.grants);
-    if let Err(error) = with_contexts(access, |c| set_access(address, size, c, flags)) {
-        bump(&mut calls.unmaps);
-        // SAFETY: `[address, address + size)` was mapped just above, by this call, and is
-        // unmapped once here; nothing has seen its address (the caller holds the range).
-        if let Err(cleanup) = check(unsafe { sys::cuMemUnmap(address, size) }) {
-            let error = Error::CleanupFailed {
-                error,
-                cleanup,
-                what: "page mapping",
-            };
-            return Err((error, Some(backing)));
-        }
-        let cleanup = backing.memory.release_code();
-        return Err((with_cleanup(error, cleanup, "page mapping"), None));
-    }
-    Ok(backing)
-}
-
-/// `cuMemUnmap`, `cuMemRelease` — unmap the page `backing` mapped whole at byte `offset` of the
-/// buffer at `base`, then release its memory: `Err` with the page where the driver refuses the
-/// unmap (it stays mapped), else the release's answer (ignored by callers, as in `drop`: the page
-/// is unmapped and gone either way). Counts its call in `calls`.
-///
-/// # Safety
-/// `[base + offset, base + offset + size)` is the page's whole mapping, made by [`map_at`], and
-/// nothing can use it: no view, lend or export reaches it (a page of the reserve, or a retired
-/// page whose events have completed), no queued work uses it, and the caller holds the range
-/// (taken out of the table, or marked `Releasing`, under the lock) so that nothing else unmaps or
-/// maps there until it has put the outcome in the table.
-pub(in crate::owned::buffer) unsafe fn unmap_and_release(
-    base: u64,
-    offset: usize,
-    size: usize,
-    backing: Backing,
-    calls: &mut Calls,
-) -> Result<DriverResult<()>, Backing> {
-    // SAFETY: this function's contract is `unmap_page`'s.
-    match unsafe { unmap_page(base, offset, size, calls) } {
-        Ok(()) => Ok(backing.memory.release_code()),
-        Err(_) => Err(backing),
-    }
-}
-
-/// `cuMemUnmap` — unmap the page mapped whole at byte `offset` of the buffer at `base`; its memory
-/// stays the caller's (to release, or to map again). Counts its call in `calls`.
-///
-/// # Safety
-/// As [`unmap_and_release`].
-pub(in crate::owned::buffer) unsafe fn unmap_page(
-    base: u64,
-    offset: usize,
-    size: usize,
-    calls: &mut Calls,
-) -> DriverResult<()> {
-    bump(&mut calls.unmaps);
-    // SAFETY: the page's whole mapping, which nothing uses or reaches, unmapped once by the holder
-    // of its range (this function's contract).
-    check(unsafe { sys::cuMemUnmap(base.wrapping_add(offset as u64), size) })
 }
 
 /// `cuMemSetAccess` with no access, for `contexts`' devices, on the whole page of `slot`.
