@@ -410,10 +410,26 @@ impl<P> Table<P> {
         insertion_point(&self.slots, offset, end)
     }
 
-    /// Counts a page mapped (`cuMemMap` succeeded): the new count, which the page records.
+    /// Counts a page mapped: the new count, which the page records.
     fn count_mapped(&mut self) -> u64 {
         self.epoch = self.epoch.saturating_add(1);
         self.epoch
+    }
+
+    /// Puts the mapped `page` of `[offset, offset + size)` at `index` (where
+    /// [`vacant`](Table::vacant) or [`insertion_point`] put it), counted by
+    /// [`count_mapped`](Table::count_mapped).
+    fn put_mapped(&mut self, index: usize, offset: usize, size: usize, page: Page<P>) {
+        let epoch = self.count_mapped();
+        self.slots.insert(
+            index,
+            Slot {
+                offset,
+                size,
+                epoch,
+                page,
+            },
+        );
     }
 
     /// Retires the pages inside `[start, end)`: `None` where the range holds none. Before any

@@ -52,21 +52,12 @@ impl Table<Backing> {
         // nothing of the table is touched after them. Each call leaves the host's caches cold
         // (examples/README.md, the shared page's row).
         let cursor = self.reserve.cursor;
-        let epoch = self.count_mapped();
         let page = Page::Live(Backing {
             memory,
             device,
             exported: false,
         });
-        self.slots.insert(
-            index,
-            Slot {
-                offset,
-                size,
-                epoch,
-                page,
-            },
-        );
+        self.put_mapped(index, offset, size, page);
         self.count_calls(1, 1, 0);
         bump(&mut self.stats.pages_mapped);
         self.moved_cursor(end);

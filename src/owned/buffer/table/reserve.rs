@@ -546,16 +546,7 @@ impl<P> Table<P> {
     ) {
         let end = offset.saturating_add(size);
         if let Ok(index) = insertion_point(&self.slots, offset, end) {
-            let epoch = self.count_mapped();
-            self.slots.insert(
-                index,
-                Slot {
-                    offset,
-                    size,
-                    epoch,
-                    page: Page::Ungranted(page),
-                },
-            );
+            self.put_mapped(index, offset, size, Page::Ungranted(page));
         }
     }
 
