@@ -1,6 +1,7 @@
 //! The driver calls of one page, made for the page table by its transitions (`driver.rs`) and by
 //! the reserve's worker without the lock: [`map_at`] (`cuMemMap`, `cuMemSetAccess`, undone on
-//! failure), [`unmap_page`] and [`unmap_and_release`] (`cuMemUnmap`, `cuMemRelease`), and the
+//! failure; built on [`map_handle`], which `Table::map` calls with its page already in the
+//! table), [`unmap_page`] and [`unmap_and_release`] (`cuMemUnmap`, `cuMemRelease`), and the
 //! counts of the calls each made.
 
 use crate::device::Context;

@@ -32,9 +32,10 @@ struct Mapping {
 impl Table<Backing> {
     /// `cuMemMap` and `cuMemSetAccess` — map `memory` of `device` at `offset` and grant it to
     /// `access` in the mode `flags`, where [`check_vacant`](Table::check_vacant) says the range is
-    /// free (the caller checked it, under the same lock, before making the memory). On failure
-    /// what was done is undone, and the memory released; where the unmap that undoes a refused
-    /// grant fails too, the page stays, `Ungranted`, and the error is [`Error::CleanupFailed`].
+    /// free: checked here first, before any driver call (a caller that makes the memory checks it
+    /// before, under the same lock, too), its error with `memory` dropped. On failure what was done
+    /// is undone, and the memory released; where the unmap that undoes a refused grant fails too,
+    /// the page stays, `Ungranted`, and the error is [`Error::CleanupFailed`].
     pub(in crate::owned::buffer) fn map(
         &mut self,
         offset: usize,
@@ -50,7 +51,9 @@ impl Table<Backing> {
         // The page goes into the table, counted, before the driver calls, and comes out again
         // where they fail (under the same lock, so nothing sees it meanwhile): where they succeed,
         // nothing of the table is touched after them. Each call leaves the host's caches cold
-        // (examples/README.md, the shared page's row).
+        // (examples/README.md, the shared page's row). Nothing between panics (the calls are
+        // FFI; a grant's list of devices is a `Vec`, whose failed allocation aborts), so the
+        // lock is never poisoned with the page in the table but not mapped.
         let cursor = self.reserve.cursor;
         let page = Page::Live(Backing {
             memory,
