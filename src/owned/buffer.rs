@@ -3,8 +3,9 @@
 //!
 //! One idea, a page table over one reservation, and its faces. The files go by type, then by
 //! feature:
-//! - `table.rs` (with `table/driver.rs`): the page table, the only code that changes a page's
-//!   state (live, ungranted, retired with its ticket, evicted); `page.rs`: what a page holds;
+//! - `table.rs` (with `table/driver.rs`, and `table/calls.rs` for one page's driver calls): the
+//!   page table, the only code that changes a page's state (live, ungranted, retired with its
+//!   ticket, evicted); `page.rs`: what a page holds;
 //!   `retiring.rs`: the retires waiting for their events.
 //! - The host-waiting [`VirtualBuffer`]: this file (reserve, grow, map, unmap, access changes,
 //!   teardown), `views.rs`, `retire.rs` (stream-ordered release), `evict.rs` (evict and restore),
