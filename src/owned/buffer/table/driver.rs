@@ -265,32 +265,26 @@ impl Table<Backing> {
             mut end,
         } = span;
         while at < end {
-            // An evicted range holds no page to unmap: it stays evicted.
-            if !self
-                .slots
-                .get(at)
-                .is_some_and(|s| matches!(s.page, Page::Live(_) | Page::Ungranted(_)))
-            {
-                at = at.saturating_add(1);
-                continue;
-            }
+            let Some(slot) = self.slots.get_mut(at) else {
+                break;
+            };
+            let (backing, live) = match core::mem::replace(&mut slot.page, Page::Evicted) {
+                Page::Live(backing) => (backing, true),
+                Page::Ungranted(backing) => (backing, false),
+                other => {
+                    // An evicted range, or a page of the reserve, holds no page of the user's
+                    // to unmap: it stays as it is.
+                    slot.page = other;
+                    at = at.saturating_add(1);
+                    continue;
+                }
+            };
             // The page leaves the table, counted, before its `cuMemUnmap`, and comes back where
             // the driver refuses it (as `map` puts a page in first): where the unmap succeeds,
             // only the memory's release follows it.
             let mut slot = self.slots.remove(at);
             end = end.saturating_sub(1);
             self.slots_removed();
-            let (backing, live) = match core::mem::replace(&mut slot.page, Page::Evicted) {
-                Page::Live(backing) => (backing, true),
-                Page::Ungranted(backing) => (backing, false),
-                other => {
-                    // Not reached: the state was looked at just above, under the same lock.
-                    slot.page = other;
-                    self.slots.insert(at, slot);
-                    (at, end) = (at.saturating_add(1), end.saturating_add(1));
-                    continue;
-                }
-            };
             bump(&mut self.stats.unmap_calls);
             bump(&mut self.stats.pages_released);
             let address = self.base.wrapping_add(slot.offset as u64);
