@@ -235,6 +235,12 @@ impl AllocationOptions {
         if let Some(g) = plain.map(|p| p.load(Ordering::Relaxed)).filter(|&g| g != 0) {
             return Ok(g);
         }
+        // Plain options are never in the locked list: asked once, and remembered in their slot.
+        if let Some(plain) = plain {
+            let g = self.granularity(Granularity::Minimum)?;
+            plain.store(g, Ordering::Relaxed);
+            return Ok(g);
+        }
         let known = |table: &Vec<(AllocationOptions, usize)>| {
             table.iter().find(|e| e.0 == self).map(|e| e.1)
         };
@@ -242,10 +248,6 @@ impl AllocationOptions {
             return Ok(g);
         }
         let g = self.granularity(Granularity::Minimum)?;
-        if let Some(plain) = plain {
-            plain.store(g, Ordering::Relaxed);
-            return Ok(g);
-        }
         let mut table = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
         if known(&table).is_none() {
             table.push((self, g));
