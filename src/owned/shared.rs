@@ -253,6 +253,13 @@ impl SharedPage {
     pub fn into_allocation(self) -> Result<PhysicalAllocation, SharedPage> {
         Arc::try_unwrap(self.memory).map_err(|memory| SharedPage { memory })
     }
+
+    /// Drops this share: the allocation where it was the last, `None` otherwise (the page is
+    /// not given back). One atomic decrement, where [`into_allocation`](SharedPage::into_allocation)
+    /// tries to take the last share first and then drops a share that is not.
+    pub(crate) fn drop_share(self) -> Option<PhysicalAllocation> {
+        Arc::into_inner(self.memory)
+    }
 }
 
 /// What [`OwnedMapping::unmap`](super::OwnedMapping::unmap) gives back: the memory the mapping

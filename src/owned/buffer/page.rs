@@ -253,10 +253,9 @@ impl Memory {
     pub(super) fn release_code(self) -> DriverResult<()> {
         match self {
             Memory::Own(memory) => memory.release_code(),
-            Memory::Shared(page) => match page.into_allocation() {
-                Ok(memory) => memory.release_code(),
-                Err(_shared_elsewhere) => Ok(()),
-            },
+            Memory::Shared(page) => page
+                .drop_share()
+                .map_or(Ok(()), PhysicalAllocation::release_code),
         }
     }
 }
