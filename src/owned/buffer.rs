@@ -588,6 +588,7 @@ impl<M: AccessMode> Drop for VirtualBuffer<M> {
 
 /// `cuMemGetAllocationGranularity` of `device`'s pinned memory (remembered per device, read with
 /// no lock).
+#[inline]
 fn granularity(device: Device) -> Result<usize, Error> {
     AllocationOptions::device(device).minimum_granularity_cached()
 }

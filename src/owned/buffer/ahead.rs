@@ -115,11 +115,13 @@ impl Shared {
     }
 
     /// The table, locked (a poisoned lock taken as it is, as `VirtualBuffer::lock` says).
+    #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The table, locked, once the worker holds no range without the lock.
+    #[inline]
     pub(super) fn settled(&self) -> MutexGuard<'_, Table> {
         let mut table = self.lock();
         while table.worker_busy() {

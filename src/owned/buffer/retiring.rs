@@ -82,6 +82,7 @@ impl Retires {
     /// The scope that made every retire at the scope's end has ended (the buffer is borrowed
     /// exclusively again, which its scoped handle ruled out until the scope's wait had returned):
     /// they are finished from now on. Whether there were any.
+    #[inline]
     pub(super) fn scope_ended(&mut self) -> bool {
         if self.deferred == 0 {
             return false;

@@ -224,6 +224,7 @@ impl Table<Backing> {
     /// `cuMemUnmap`, `cuMemRelease` — unmap and release every page inside `[start, end)`: how many
     /// were. Before any driver call, a page the range cuts or a retired page is refused. Every page
     /// is tried; one the driver refuses to unmap stays. Evicted ranges inside stay evicted.
+    #[inline]
     pub(in crate::owned::buffer) fn unmap(
         &mut self,
         start: usize,
@@ -369,6 +370,7 @@ impl Table<Backing> {
     /// has returned: every retire at the scope's end is finished from now on (released, or
     /// recycled by a reserve's worker, as a retire whose events completed). Whether there were
     /// any.
+    #[inline]
     pub(in crate::owned::buffer) fn scope_ended(&mut self) -> bool {
         self.retires.scope_ended()
     }
@@ -421,6 +423,7 @@ impl Table<Backing> {
 
     /// [`reclaim`](Table::reclaim), ignoring errors (each page is tried again at the drop), where
     /// a retire is under way: what every call that maps or retires does first.
+    #[inline]
     pub(in crate::owned::buffer) fn reclaim_finished(&mut self) {
         if !self.retires.is_empty() {
             let _ = self.reclaim();
@@ -431,6 +434,7 @@ impl Table<Backing> {
     /// have finished are released here ([`reclaim_finished`](Table::reclaim_finished)); where one
     /// runs, its worker releases them (it looks at their events while any wait, and each retire
     /// wakes it), and the caller's thread makes no call.
+    #[inline]
     pub(in crate::owned::buffer) fn reclaim_here(&mut self) {
         if !self.reserving() {
             self.reclaim_finished();
