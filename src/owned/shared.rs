@@ -254,9 +254,9 @@ impl SharedPage {
         Arc::try_unwrap(self.memory).map_err(|memory| SharedPage { memory })
     }
 
-    /// Drops this share: the allocation where it was the last, `None` otherwise (the page is
-    /// not given back). One atomic decrement, where [`into_allocation`](SharedPage::into_allocation)
-    /// tries to take the last share first and then drops a share that is not.
+    /// Drops this share: the allocation where it was the last, `None` where other shares keep
+    /// the page. One atomic decrement, where [`into_allocation`](SharedPage::into_allocation)
+    /// tries to take the last share first and hands back a share that is not.
     pub(crate) fn drop_share(self) -> Option<PhysicalAllocation> {
         Arc::into_inner(self.memory)
     }
