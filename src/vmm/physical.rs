@@ -230,13 +230,14 @@ impl AllocationOptions {
             }
             _ => None,
         };
-        // Zero: not asked yet (the driver never reports a zero granularity; were it to, it would
-        // be asked again each time).
-        if let Some(g) = plain.map(|p| p.load(Ordering::Relaxed)).filter(|&g| g != 0) {
-            return Ok(g);
-        }
         // Plain options are never in the locked list: asked once, and remembered in their slot.
         if let Some(plain) = plain {
+            // Zero: not asked yet (the driver never reports a zero granularity; were it to, it
+            // would be asked again each time).
+            let g = plain.load(Ordering::Relaxed);
+            if g != 0 {
+                return Ok(g);
+            }
             let g = self.granularity(Granularity::Minimum)?;
             plain.store(g, Ordering::Relaxed);
             return Ok(g);
