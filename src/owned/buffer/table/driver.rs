@@ -22,13 +22,6 @@ use super::super::retiring::{Retires, Ticket};
 use super::calls::{Calls, MapFailure, map_at, map_handle};
 use super::{Page, Slot, Table, bump};
 
-/// What [`Table::map_memory`] leaves: the page to put at the offset (`Live`, or `Ungranted` where
-/// undoing a refused grant failed) with its epoch, and the error of a failure.
-struct Mapping {
-    page: Option<(Page<Backing>, u64)>,
-    result: Result<(), Error>,
-}
-
 impl Table<Backing> {
     /// `cuMemMap` and `cuMemSetAccess` — map `memory` of `device` at `offset` and grant it to
     /// `access` in the mode `flags`, where [`check_vacant`](Table::check_vacant) says the range is
@@ -119,35 +112,6 @@ impl Table<Backing> {
         }
     }
 
-    /// `cuMemMap` and `cuMemSetAccess` of `backing` at `offset`, undone on failure: the page to
-    /// put at `offset` (`Live`, or `Ungranted` where undoing a refused grant failed) with its
-    /// epoch, and the error of a failure.
-    fn map_memory(
-        &mut self,
-        offset: usize,
-        backing: Backing,
-        access: &[Context],
-        flags: u32,
-    ) -> Mapping {
-        let mut calls = Calls::default();
-        // SAFETY: the caller checked `[offset, offset + size)` vacant (or an evicted range whose
-        // page is gone) inside the budget, aligned to the memory's granularity, under the lock
-        // (`&mut self`) that every change of the pages holds, which it holds until the page is in
-        // the table: nothing else maps there meanwhile.
-        let outcome = unsafe { map_at(self.base, offset, backing, access, flags, &mut calls) };
-        self.count_calls(calls.maps, calls.grants, calls.unmaps);
-        let (page, result) = match outcome {
-            Ok(backing) => {
-                bump(&mut self.stats.pages_mapped);
-                (Some(Page::Live(backing)), Ok(()))
-            }
-            Err((error, Some(backing))) => (Some(Page::Ungranted(backing)), Err(error)),
-            Err((error, None)) => (None, Err(error)),
-        };
-        let page = page.map(|page| (page, self.count_mapped()));
-        Mapping { page, result }
-    }
-
     /// `cuMemMap`, `cuMemSetAccess` — map `memory` (the size and device of `piece`) at the evicted
     /// range `piece`, granted to `access` in `flags`: the range is `Live` again. Refused before any
     /// driver call where the range is not evicted or its page is still there, retired
@@ -174,8 +138,24 @@ impl Table<Backing> {
             device: piece.device,
             exported: false,
         };
-        let Mapping { page, result } = self.map_memory(piece.offset, backing, access, flags);
-        if let (Some((page, epoch)), Some(slot)) = (page, self.slots.get_mut(index)) {
+        let mut calls = Calls::default();
+        // SAFETY: `[piece.offset, piece.end())` is an evicted range whose page is gone (checked
+        // above), inside the reservation and aligned to the memory's granularity (the eviction
+        // left it so), under the lock (`&mut self`) that every change of the pages holds, held
+        // until the page is in the table: nothing else maps there meanwhile.
+        let outcome =
+            unsafe { map_at(self.base, piece.offset, backing, access, flags, &mut calls) };
+        self.count_calls(calls.maps, calls.grants, calls.unmaps);
+        let (page, result) = match outcome {
+            Ok(backing) => {
+                bump(&mut self.stats.pages_mapped);
+                (Page::Live(backing), Ok(()))
+            }
+            Err((error, Some(backing))) => (Page::Ungranted(backing), Err(error)),
+            Err((error, None)) => return Err(error),
+        };
+        let epoch = self.count_mapped();
+        if let Some(slot) = self.slots.get_mut(index) {
             slot.page = page;
             slot.epoch = epoch;
         }
