@@ -197,6 +197,11 @@ impl<M: AccessMode> Registration<'_, '_, M> {
         }
         let api = api::api("ncclCommDeregister")?;
         let deregister = api::function(api.comm_deregister, "ncclCommDeregister")?;
+        // Not redundant, though NCCL's deregistration sets the communicator's device itself: it
+        // asks the runtime for the thread's device first and sets that one again at its end, and
+        // a thread with no current context reads device 0, whose primary context would then be
+        // made (and its memory taken) on a communicator of another device. Bound first, the
+        // device it reads and sets again is the communicator's.
         shared.bind()?;
         // SAFETY: the handle `ncclCommRegister` gave for this communicator, deregistered once. No work
         // uses the bytes: views of them borrow `self`, and the scopes they were lent to have waited.
