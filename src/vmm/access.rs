@@ -348,6 +348,62 @@ pub(crate) fn grant_range<M: AccessMode>(
     Ok(Access::new(ptr, size, contexts, mode))
 }
 
+/// The access descriptors of a grant to the devices of a list of contexts, in one mode: built
+/// before the driver calls that come first (a page's `cuMemMap`), so that the loads they take (the
+/// list, each context's device) are not made between two driver calls, whose work leaves the
+/// host's caches cold, where nothing else would overlap their misses. One device (the common
+/// case) needs no heap allocation.
+pub(crate) enum Grant {
+    One([sys::CUmemAccessDesc; 1]),
+    /// Empty for an empty list: then nothing is granted.
+    Many(Vec<sys::CUmemAccessDesc>),
+}
+
+impl Grant {
+    /// The grant of every device of `contexts` in the mode `flags`.
+    pub(crate) fn new(contexts: &[Context], flags: u32) -> Grant {
+        match contexts {
+            [one] => Grant::One([access_desc(one, flags)]),
+            all => Grant::Many(all.iter().map(|c| access_desc(c, flags)).collect()),
+        }
+    }
+
+    /// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, for every device of the
+    /// grant; no call for an empty one.
+    pub(crate) fn set(&self, ptr: sys::CUdeviceptr, size: usize) -> DriverResult<()> {
+        match self {
+            Grant::One(one) => set_descs(ptr, size, one),
+            Grant::Many(many) => set_descs(ptr, size, many),
+        }
+    }
+}
+
+/// The access descriptor of the device of `context` in the mode `flags`.
+fn access_desc(context: &Context, flags: u32) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: context.device().as_raw(),
+        },
+        flags,
+    }
+}
+
+/// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, with `descs`; no call where
+/// `descs` is empty.
+fn set_descs(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    descs: &[sys::CUmemAccessDesc],
+) -> DriverResult<()> {
+    if descs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
+    // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
+    check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
+}
+
 /// `cuMemSetAccess` of `[ptr, ptr + size)`, a whole mapped range, for every device of `contexts`.
 pub(crate) fn set_access(
     ptr: sys::CUdeviceptr,
@@ -355,29 +411,14 @@ pub(crate) fn set_access(
     contexts: Contexts<'_>,
     flags: u32,
 ) -> DriverResult<()> {
-    let desc = |c: &Context| sys::CUmemAccessDesc {
-        location: sys::CUmemLocation {
-            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: c.device().as_raw(),
-        },
-        flags,
-    };
     // One device (the common case) needs no heap allocation.
-    let one: [sys::CUmemAccessDesc; 1];
-    let many: Vec<sys::CUmemAccessDesc>;
-    let descs: &[sys::CUmemAccessDesc] = match contexts {
-        Contexts::One(c) => {
-            one = [desc(c)];
-            &one
-        }
+    match contexts {
+        Contexts::One(c) => set_descs(ptr, size, &[access_desc(c, flags)]),
         Contexts::Many { all, .. } => {
-            many = all.iter().map(|c| desc(c)).collect();
-            &many
+            let many: Vec<_> = all.iter().map(|c| access_desc(c, flags)).collect();
+            set_descs(ptr, size, &many)
         }
-    };
-    // SAFETY: the caller passes a whole range it has mapped; `descs` is a live, initialised array of
-    // `descs.len()` access-descriptor mirrors (layout asserted in `sys`).
-    check(unsafe { sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len()) })
+    }
 }
 
 /// Sets every device of `contexts` back to no access to `[ptr, ptr + size)`, a whole mapped range: in

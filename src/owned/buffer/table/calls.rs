@@ -7,7 +7,7 @@
 use crate::device::Context;
 use crate::error::{DriverError, DriverResult, Error, check, with_cleanup};
 use crate::sys;
-use crate::vmm::access::{set_access, with_contexts};
+use crate::vmm::access::Grant;
 
 use super::super::page::Backing;
 use super::bump;
@@ -122,11 +122,13 @@ pub(super) unsafe fn map_handle(
     access: &[Context],
     flags: u32,
 ) -> Result<(), MapFailure> {
+    // Before the map: the misses its loads may take overlap the caller's, not the calls'.
+    let grant = Grant::new(access, flags);
     // SAFETY: the range lies inside a reservation, aligned, and overlaps no mapping, nor will
     // anything else map there meanwhile; the memory is a live allocation of `size` bytes, kept
     // alive while mapped; offset 0 and flags 0 as the driver requires (this function's contract).
     check(unsafe { sys::cuMemMap(address, size, 0, handle, 0) }).map_err(MapFailure::Map)?;
-    if let Err(error) = with_contexts(access, |c| set_access(address, size, c, flags)) {
+    if let Err(error) = grant.set(address, size) {
         // SAFETY: `[address, address + size)` was mapped just above, by this call, and is
         // unmapped once here; nothing has seen its address (the caller holds the range).
         let unmapped = check(unsafe { sys::cuMemUnmap(address, size) });
