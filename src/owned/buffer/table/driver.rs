@@ -112,9 +112,10 @@ impl Table<Backing> {
         }
     }
 
-    /// `cuMemMap`, `cuMemSetAccess` — map `memory` (the size and device of `piece`) at the evicted
-    /// range `piece`, granted to `access` in `flags`: the range is `Live` again. Refused before any
-    /// driver call where the range is not evicted or its page is still there, retired
+    /// `cuMemMap`, `cuMemSetAccess` — map `memory` (the size and device of `piece`, made with the
+    /// buffer's options for that device, as the evicted page was) at the evicted range `piece`,
+    /// granted to `access` in `flags`: the range is `Live` again. Refused before any driver call
+    /// where the range is not evicted or its page is still there, retired
     /// ([`check_restorable`](Table::check_restorable)'s errors). Undone on failure, as
     /// [`map`](Table::map) undoes; the range then stays evicted (or holds the `Ungranted` page).
     pub(in crate::owned::buffer) fn restore(
@@ -140,9 +141,11 @@ impl Table<Backing> {
         };
         let mut calls = Calls::default();
         // SAFETY: `[piece.offset, piece.end())` is an evicted range whose page is gone (checked
-        // above), inside the reservation and aligned to the memory's granularity (the eviction
-        // left it so), under the lock (`&mut self`) that every change of the pages holds, held
-        // until the page is in the table: nothing else maps there meanwhile.
+        // above), inside the reservation; `memory` has the piece's size and was made with the
+        // options of the piece's device (this function's contract), as the evicted page was, so
+        // the range is aligned to its granularity. Under the lock (`&mut self`) that every change
+        // of the pages holds, held until the page is in the table: nothing else maps there
+        // meanwhile.
         let outcome =
             unsafe { map_at(self.base, piece.offset, backing, access, flags, &mut calls) };
         self.count_calls(calls.maps, calls.grants, calls.unmaps);
